@@ -1,0 +1,168 @@
+"""The zoo on one GPU: simple, resnet50, bert-base x {eager, default, reduce-overhead,
+max-autotune-no-cudagraphs} x {fp32, bf16} x {infer, train}, each trial in its own process,
+plus two checks of the instrument itself:
+
+* plain-loop agreement: a few configurations timed again by a hand-written CUDA-events loop
+  (benchmarks/plain_loop.py, no kiln code); kiln's median must agree within 10%;
+* A/A: a variant against itself must give a speedup interval containing 1.00, at most +-2% wide.
+
+    PYTHONPATH=src python3 benchmarks/bench_zoo.py --out benchmarks/results/zoo-h200
+
+Each group (workload, step, precision) is its own kiln run directory under OUT/runs, resumed
+if it exists, so the matrix can be completed over several invocations (--workloads etc. select
+a part). Speedups are within a precision: the bf16 group's baseline is eager+bf16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from torchkiln.api import bench  # noqa: E402
+
+MODES = ["eager", "inductor", "inductor:mode=reduce-overhead",
+         "inductor:mode=max-autotune-no-cudagraphs"]
+# (workload, step, precision, plain-loop mode, kiln variant) checked against the plain loop.
+PLAIN_CHECKS = [
+    ("simple", "train", "fp32", "eager", "eager"),
+    ("resnet50", "infer", "fp32", "eager", "eager"),
+    ("resnet50", "infer", "bf16", "eager", "eager+bf16"),
+    ("resnet50", "infer", "bf16", "reduce-overhead", "inductor:mode=reduce-overhead+bf16"),
+    ("bert-base", "infer", "bf16", "eager", "eager+bf16"),
+]
+
+
+def with_precision(spec: str, precision: str) -> str:
+    return spec if precision == "fp32" else f"{spec}+{precision}"
+
+
+def run_group(out: Path, workload: str, step: str, precision: str, args) -> dict:
+    run_dir = out / "runs" / f"{workload}-{step}-{precision}"
+    resume = run_dir if (run_dir / "manifest.json").exists() else None
+    print(f"== {workload} {step} {precision}", flush=True)
+    t0 = time.perf_counter()
+    doc = bench(
+        workload,
+        [with_precision(m, precision) for m in MODES],
+        step=step,
+        device=args.device,
+        preset=args.preset,
+        baseline=with_precision("eager", precision),
+        out=run_dir,
+        resume=resume,
+        timeout_s=args.timeout,
+        spec_overrides={"reps": args.reps},
+    )
+    doc["group_wall_s"] = time.perf_counter() - t0
+    (out / f"{workload}-{step}-{precision}.json").write_text(json.dumps(doc, indent=2))
+    return doc
+
+
+def plain_check(out: Path, docs: dict, args) -> list[dict]:
+    rows = []
+    for workload, step, precision, mode, variant in PLAIN_CHECKS:
+        doc = docs.get((workload, step, precision))
+        if doc is None:
+            continue
+        trial = next((t for t in doc["trials"] if t["variant"] == variant), None)
+        if trial is None or trial["status"] != "ok":
+            continue
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "benchmarks" / "plain_loop.py"), workload, step,
+             precision, mode],
+            capture_output=True, text=True, timeout=args.timeout,
+        )
+        if proc.returncode != 0:
+            rows.append({"config": [workload, step, precision, mode], "error": proc.stderr[-2000:]})
+            continue
+        plain = json.loads(proc.stdout.strip().splitlines()[-1])
+        kiln_ms = trial["steady_ms"]["median"]
+        ratio = kiln_ms / plain["median_ms"]
+        rows.append({
+            "config": [workload, step, precision, mode], "kiln_ms": kiln_ms,
+            "plain_ms": plain["median_ms"], "plain_reps_ms": plain["reps_ms"],
+            "kiln_over_plain": ratio, "agree_within_10pct": abs(ratio - 1) <= 0.10,
+        })
+        print(f"plain {workload} {step} {precision} {mode}: kiln {kiln_ms:.3f} ms, "
+              f"plain {plain['median_ms']:.3f} ms, ratio {ratio:.3f}", flush=True)
+    (out / "plain_check.json").write_text(json.dumps(rows, indent=2))
+    return rows
+
+
+def aa_check(out: Path, args) -> dict:
+    spec = "eager+bf16"
+    doc = bench("resnet50", [spec], step="infer", device=args.device, preset=args.preset,
+                baseline=spec, out=out / "runs" / "aa-resnet50-infer-bf16",
+                timeout_s=args.timeout, spec_overrides={"reps": 40, "check_accuracy": False})
+    trial = doc["trials"][0]
+    lo, hi = trial["speedup"]["ci95"]
+    verdict = {
+        "spec": spec, "speedup": trial["speedup"]["median"], "ci95": [lo, hi],
+        "contains_1": lo <= 1.0 <= hi, "within_2pct": lo >= 0.98 and hi <= 1.02,
+        "steady_ms": trial["steady_ms"]["median"], "environment": doc["environment"],
+    }
+    (out / "aa_check.json").write_text(json.dumps(verdict, indent=2))
+    print(f"A/A resnet50 infer bf16 eager: {verdict['speedup']:.4f} [{lo:.4f}, {hi:.4f}]")
+    return verdict
+
+
+def summary_table(docs: dict) -> list[str]:
+    lines = [f"{'workload':10s} {'step':5s} {'prec':4s} {'variant':46s} {'status':13s} "
+             f"{'ms':>8s} {'speedup [95% CI]':>22s} {'first s':>7s} {'kern':>5s} {'GiB r':>6s}"]
+    for (w, s, p), doc in docs.items():
+        for t in doc["trials"]:
+            if t["status"] != "ok":
+                lines.append(f"{w:10s} {s:5s} {p:4s} {t['variant']:46s} {t['status']:13s}")
+                continue
+            sp = t["speedup"]
+            k = t.get("kernels_per_step")
+            mem = (t.get("memory") or {}).get("peak_reserved_bytes") or 0
+            lines.append(
+                f"{w:10s} {s:5s} {p:4s} {t['variant']:46s} {t['status']:13s} "
+                f"{t['steady_ms']['median']:8.3f} {sp['median']:6.2f} "
+                f"[{sp['ci95'][0]:.2f},{sp['ci95'][1]:.2f}]{'' if sp['significant'] else '~':1s}"
+                f"{'':5s} {t['first_call_s']:7.1f} {k if k is None else round(k):>5} "
+                f"{mem / 2**30:6.2f}"
+            )
+    return lines
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--out", default="benchmarks/results/zoo-h200")
+    p.add_argument("--workloads", default="simple,resnet50,bert-base")
+    p.add_argument("--steps", default="infer,train")
+    p.add_argument("--precisions", default="fp32,bf16")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--preset", default="full")
+    p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--plain-check", action="store_true")
+    p.add_argument("--aa", action="store_true")
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    docs = {}
+    for w in args.workloads.split(","):
+        for s in args.steps.split(","):
+            for prec in args.precisions.split(","):
+                if w and s and prec:
+                    docs[(w, s, prec)] = run_group(out, w, s, prec, args)
+    if args.plain_check:
+        plain_check(out, docs, args)
+    if args.aa:
+        aa_check(out, args)
+    print("\n".join(summary_table(docs)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""A plain, hand-written CUDA-events timing loop, independent of kiln's own code: the check of
+the instrument. Build the model directly, warm up 10 steps, then 5 reps of 50 steps between
+CUDA events; median ms per step. Run as a script it prints one JSON line.
+
+    python3 benchmarks/plain_loop.py resnet50 infer bf16 eager
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def build(workload: str, step: str):
+    torch.manual_seed(0)
+    if workload == "simple":
+        model = nn.Sequential(
+            nn.Conv2d(3, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(True),
+            nn.Conv2d(64, 128, 3, padding=1, bias=False), nn.BatchNorm2d(128), nn.ReLU(True),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10),
+        )
+        x = {"x": torch.randn(32, 3, 224, 224)}
+        y = torch.randint(0, 10, (32,))
+        fwd = lambda m, inp: m(inp["x"])
+    elif workload == "resnet50":
+        import torchvision
+
+        model = torchvision.models.resnet50(weights=None)
+        x = {"x": torch.randn(32, 3, 224, 224)}
+        y = torch.randint(0, 1000, (32,))
+        fwd = lambda m, inp: m(inp["x"])
+    elif workload == "bert-base":
+        import transformers
+
+        cfg = transformers.BertConfig()
+        model = transformers.BertForSequenceClassification(cfg)
+        x = {
+            "input_ids": torch.randint(0, cfg.vocab_size, (16, 128)),
+            "attention_mask": torch.ones(16, 128, dtype=torch.long),
+        }
+        y = torch.randint(0, 2, (16,))
+        fwd = lambda m, inp: m(**inp).logits
+    else:
+        raise SystemExit(f"unknown workload {workload}")
+    model = model.cuda()
+    x = {k: v.cuda() for k, v in x.items()}
+    return model, x, y.cuda(), fwd
+
+
+def main(workload: str, step: str, precision: str, mode: str) -> dict:
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model, x, y, fwd = build(workload, step)
+    run = model if mode == "eager" else torch.compile(
+        model, mode=None if mode == "default" else mode
+    )
+    ctx = (
+        (lambda: torch.autocast("cuda", dtype=torch.bfloat16))
+        if precision == "bf16"
+        else (lambda: torch.autocast("cuda", enabled=False))
+    )
+    if step == "infer":
+        model.eval()
+
+        def one():
+            with torch.no_grad(), ctx():
+                return fwd(run, x)
+    else:
+        model.train()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+        def one():
+            with ctx():
+                loss = F.cross_entropy(fwd(run, x).float(), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    mark = getattr(torch.compiler, "cudagraph_mark_step_begin", None)
+    for _ in range(10):
+        if mark and mode != "eager":
+            mark()
+        one()
+    torch.cuda.synchronize()
+    reps = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(50):
+            if mark and mode != "eager":
+                mark()
+            one()
+        end.record()
+        end.synchronize()
+        reps.append(start.elapsed_time(end) / 50)
+    return {
+        "workload": workload, "step": step, "precision": precision, "mode": mode,
+        "median_ms": statistics.median(reps), "reps_ms": reps,
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(*sys.argv[1:5])))

@@ -1,0 +1,25 @@
+"""torchkiln: find, with honest numbers, the fastest correct way to run a PyTorch model."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+# The public API is imported lazily so that `import torchkiln` stays cheap (no torch import) for
+# the CLI's argument parsing and for trial workers that set the environment before torch loads.
+__all__ = ["bench", "Workload", "register_workload", "parse_variant", "__version__"]
+
+
+def __getattr__(name: str):
+    if name == "bench":
+        from torchkiln.api import bench
+
+        return bench
+    if name in ("Workload", "register_workload"):
+        from torchkiln import workloads
+
+        return getattr(workloads, name)
+    if name == "parse_variant":
+        from torchkiln.variants import parse_variant
+
+        return parse_variant
+    raise AttributeError(f"module 'torchkiln' has no attribute {name!r}")

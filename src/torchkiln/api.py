@@ -1,0 +1,160 @@
+"""The public Python API."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from torchkiln import __version__
+from torchkiln.errors import KilnUserError
+from torchkiln.runner.launch import preflight, run_trial
+from torchkiln.runner.rundir import RunDir
+from torchkiln.runner.trial import TrialSpec
+from torchkiln.variants import parse_variant
+
+BENCH_SCHEMA = "torchkiln.bench/1"
+
+DEFAULT_VARIANTS = {
+    "cuda": [
+        "eager",
+        "inductor",
+        "inductor:mode=reduce-overhead",
+        "inductor:mode=max-autotune-no-cudagraphs",
+    ],
+    "cpu": ["eager", "inductor"],
+}
+
+
+def default_variants(device: str) -> list[str]:
+    return list(DEFAULT_VARIANTS["cuda" if device.startswith("cuda") else "cpu"])
+
+
+def resolve_preset(preset: str, device: str) -> str:
+    """`auto` is `full` on a GPU and `tiny` on the CPU, where full-size steps take seconds."""
+    if preset == "auto":
+        return "full" if device.startswith("cuda") else "tiny"
+    return preset
+
+
+class TrialEvents:
+    """Progress hooks; the CLI draws a progress bar from these."""
+
+    def trial_started(self, index: int, total: int, spec: TrialSpec) -> None: ...
+    def trial_phase(self, spec: TrialSpec, phase: str) -> None: ...
+    def trial_finished(self, spec: TrialSpec, result: dict[str, Any], resumed: bool) -> None: ...
+
+
+def bench(
+    workload: str,
+    variants: Sequence[str] | None = None,
+    *,
+    step: str = "infer",
+    device: str = "cpu",
+    preset: str = "auto",
+    baseline: str = "eager",
+    batch_size: int | None = None,
+    out: str | Path | None = None,
+    resume: str | Path | None = None,
+    timeout_s: float = 900.0,
+    cache_dir: str | None = None,
+    events: TrialEvents | None = None,
+    spec_overrides: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Measure each variant against the baseline on one workload; each trial in its own process.
+
+    Returns the bench document (schema ``torchkiln.bench/1``) also written to the run directory.
+    Raises KilnUserError for bad input (unknown names, a missing spec file, no GPU)."""
+    events = events or TrialEvents()
+    preset = resolve_preset(preset, device)
+    variants = list(variants or default_variants(device))
+    canonical = [parse_variant(v).spec for v in variants]  # raises on a bad spec, before work
+    baseline = parse_variant(baseline).spec
+    if resume:
+        run = RunDir(resume)
+        if run.manifest() is None:
+            raise KilnUserError(f"--resume {str(resume)!r}: no manifest.json there")
+    else:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        run = RunDir(out or Path("kiln-runs") / f"{stamp}-{Path(workload).stem}-{step}")
+    base_spec = TrialSpec(
+        workload=workload,
+        variant="eager",
+        baseline=baseline,
+        step=step,
+        device=device,
+        preset=preset,
+        batch_size=batch_size,
+        **(spec_overrides or {}),
+    )
+    check = preflight(base_spec, run.path / "preflight", timeout_s)
+    if not check.get("ok"):
+        raise KilnUserError(check.get("message", "the workload could not be loaded"))
+    specs = [replace(base_spec, variant=v, index=i) for i, v in enumerate(canonical)]
+    ids = [s.id for s in specs]
+    info = {
+        "kiln_version": __version__,
+        "command": " ".join(shlex.quote(a) for a in sys.argv),
+        "workload": workload,
+        "step": step,
+        "device": device,
+        "preset": preset,
+        "baseline": baseline,
+        "variants": canonical,
+    }
+    run.write_manifest(info, ids)
+    results = []
+    for i, spec in enumerate(specs):
+        done = run.load_result(spec.id)
+        if done is not None:
+            events.trial_finished(spec, done, resumed=True)
+            results.append(done)
+            continue
+        events.trial_started(i, len(specs), spec)
+        result = run_trial(
+            spec,
+            run.trial_dir(spec.id),
+            timeout_s=timeout_s,
+            cache_dir=cache_dir,
+            on_phase=lambda phase, s=spec: events.trial_phase(s, phase),
+        )
+        run.save_result(spec.id, result)
+        run.write_manifest(info, ids)
+        events.trial_finished(spec, result, resumed=False)
+        results.append(result)
+    env = next((r["environment"] for r in results if r.get("environment")), None)
+    doc = {
+        "schema": BENCH_SCHEMA,
+        **info,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "run_dir": str(run.path),
+        "environment": env,
+        "trials": results,
+    }
+    from torchkiln.runner.worker import write_json
+
+    write_json(run.path / "bench.json", doc)
+    return doc
+
+
+def run_trials(
+    specs: Sequence[TrialSpec],
+    out: str | Path,
+    *,
+    timeout_s: float = 900.0,
+    on_result: Callable[[TrialSpec, dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Run arbitrary trials (several workloads, say) each in its own process, in order."""
+    run = RunDir(out)
+    results = []
+    for spec in specs:
+        result = run_trial(spec, run.trial_dir(spec.id), timeout_s=timeout_s)
+        run.save_result(spec.id, result)
+        if on_result:
+            on_result(spec, result)
+        results.append(result)
+    return results

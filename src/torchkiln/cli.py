@@ -1,0 +1,190 @@
+"""`kiln` entry point: parse, call the API, print. Bad input exits 2 with a clear message."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from torchkiln import __version__
+from torchkiln.errors import KilnUserError
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    from torchkiln.api import DEFAULT_VARIANTS
+    from torchkiln.variants.base import backend_choices
+
+    backends = ", ".join(
+        f"{name}({', '.join(f'{k}={v}' for k, v in params.items())})" if params else name
+        for name, params in backend_choices().items()
+    )
+    p = sub.add_parser(
+        "bench",
+        help="measure variants of one workload against a baseline, each trial in its own process",
+        description=(
+            "Each (workload, variant) trial runs in a fresh process. Backends: "
+            f"{backends}. Policies: +fp32 +tf32 +bf16 +fp16 +channels_last."
+        ),
+    )
+    p.add_argument("workload", help="a registered name (see `kiln workloads`), file.py:factory "
+                   "or pkg.module:factory")
+    p.add_argument("--variants", help="comma-separated specs; default on cuda: "
+                   f"{','.join(DEFAULT_VARIANTS['cuda'])}; on cpu: "
+                   f"{','.join(DEFAULT_VARIANTS['cpu'])}")
+    p.add_argument("--baseline", default="eager", help="the spec every variant is paired with")
+    p.add_argument("--step", choices=["infer", "train"], default="infer")
+    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if present)")
+    p.add_argument("--preset", choices=["auto", "full", "tiny"], default="auto",
+                   help="auto = full on a GPU, tiny on the CPU")
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--reps", type=int, default=None, help="paired timed reps (default 15)")
+    p.add_argument("--rep-ms", type=float, default=None, help="target ms per rep (default 100)")
+    p.add_argument("--no-check", action="store_true", help="skip the correctness check")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per trial")
+    p.add_argument("--json", dest="json_path", help="also write the results here")
+    p.add_argument("--out", help="run directory (default kiln-runs/<time>-<workload>-<step>)")
+    p.add_argument("--resume", help="continue the run in this directory, skipping done trials")
+    p.add_argument("--cache-dir", help="share this compile cache between trials (default: a "
+                   "fresh cache per trial, so compile times are cold)")
+
+
+def _default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _check_device(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise KilnUserError("--device cuda was asked for, but no CUDA GPU is visible")
+    elif device != "cpu":
+        raise KilnUserError(f"--device {device!r}; choose from ['cpu', 'cuda', 'cuda:N']")
+
+
+class _Progress:
+    """A rich progress bar over trials, with the running trial's phase."""
+
+    def __init__(self, total: int) -> None:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            transient=False,
+        )
+        self.task = self.progress.add_task("starting", total=total)
+
+    def __enter__(self) -> _Progress:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.__exit__(*exc)
+
+    def trial_started(self, index, total, spec) -> None:
+        self.progress.update(self.task, description=f"{spec.variant}: starting")
+
+    def trial_phase(self, spec, phase) -> None:
+        label = {"first_call": "compiling (first call)", "measure": "measuring"}.get(phase, phase)
+        self.progress.update(self.task, description=f"{spec.variant}: {label}")
+
+    def trial_finished(self, spec, result, resumed) -> None:
+        how = "resumed" if resumed else result["status"]
+        self.progress.console.print(f"  {spec.variant}: {how}")
+        self.progress.advance(self.task)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from torchkiln.api import bench, default_variants
+    from torchkiln.report.table import render
+
+    device = args.device or _default_device()
+    _check_device(device)
+    variants = args.variants.split(",") if args.variants else default_variants(device)
+    overrides: dict[str, Any] = {"check_accuracy": not args.no_check}
+    if args.reps:
+        overrides["reps"] = args.reps
+    if args.rep_ms:
+        overrides["rep_ms"] = args.rep_ms
+    with _Progress(len(variants)) as progress:
+        doc = bench(
+            args.workload,
+            variants,
+            step=args.step,
+            device=device,
+            preset=args.preset,
+            baseline=args.baseline,
+            batch_size=args.batch_size,
+            out=args.out,
+            resume=args.resume,
+            timeout_s=args.timeout,
+            cache_dir=args.cache_dir,
+            events=progress,
+            spec_overrides=overrides,
+        )
+    render(doc)
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(doc, indent=2, default=str))
+    return 0
+
+
+def cmd_workloads(args: argparse.Namespace) -> int:
+    from torchkiln.workloads.base import registry
+
+    for name, entry in sorted(registry().items()):
+        extra = f"  [extra: {entry.extra}]" if entry.extra else ""
+        print(f"{name:12s} {entry.description}{extra}")
+    return 0
+
+
+def cmd_variants(args: argparse.Namespace) -> int:
+    from torchkiln.variants.base import LAYOUTS, PRECISIONS, backend_choices
+
+    for name, params in backend_choices().items():
+        ps = ", ".join(f"{k}={v}" for k, v in params.items())
+        print(f"{name:12s} {ps}")
+    print(f"policies: {' '.join('+' + p for p in (*PRECISIONS, *LAYOUTS))}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kiln", description="Find the fastest correct way to run a PyTorch model."
+    )
+    parser.add_argument("--version", action="version", version=f"kiln {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for bad input")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_bench(sub)
+    sub.add_parser("workloads", help="list the registered workloads")
+    sub.add_parser("variants", help="list the backends, their parameters and the policies")
+    return parser
+
+
+COMMANDS = {"bench": cmd_bench, "workloads": cmd_workloads, "variants": cmd_variants}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except KilnUserError as exc:
+        if args.debug:
+            raise
+        print(f"kiln: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("kiln: interrupted; finished trials are saved in the run directory "
+              "(continue with --resume DIR)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

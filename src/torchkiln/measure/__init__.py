@@ -1,0 +1,1 @@
+"""The instrument: timers, statistics, memory, kernel counts, FLOPs and correctness."""

@@ -1,0 +1,133 @@
+"""Correctness against a higher-precision reference.
+
+The rule follows PyTorch's own benchmark harness: a variant's error against an fp64 reference
+may be at most ``MULTIPLIER`` times the error that eager PyTorch itself makes at the same
+precision (so bf16 is judged against eager bf16, not against fp32), plus a small floor relative
+to the reference's scale so exact-zero eager errors do not demand bit equality."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+MULTIPLIER = 2.0
+# Floor, relative to the RMS of the reference: 1e-4 admits fp32 reassociation (errors ~1e-6 of
+# the scale) but not TF32 (~3e-4) or bf16 (~1e-2) against an fp32 eager reference.
+RELATIVE_FLOOR = 1e-4
+
+
+def flatten_tensors(obj: Any, prefix: str = "out") -> list[tuple[str, Any]]:
+    """Tensors in nested tuples/lists/dicts (Hugging Face ModelOutput is a dict), with names."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return [(prefix, obj)]
+    if isinstance(obj, dict):
+        out = []
+        for k, v in obj.items():
+            out += flatten_tensors(v, f"{prefix}.{k}")
+        return out
+    if isinstance(obj, (tuple, list)):
+        out = []
+        for i, v in enumerate(obj):
+            out += flatten_tensors(v, f"{prefix}[{i}]")
+        return out
+    return []
+
+
+def detach_to_cpu64(obj: Any) -> list[tuple[str, Any]]:
+    return [
+        (name, t.detach().to("cpu", dtype=_as64(t)).clone()) for name, t in flatten_tensors(obj)
+    ]
+
+
+def _as64(t: Any):
+    import torch
+
+    return torch.float64 if t.is_floating_point() else t.dtype
+
+
+def rmse(a: Any, b: Any) -> float:
+    import torch
+
+    if a.shape != b.shape:
+        return math.inf
+    if not a.is_floating_point():
+        return 0.0 if torch.equal(a, b) else math.inf
+    diff = (a.double() - b.double()).pow(2).mean().sqrt().item()
+    return diff if math.isfinite(diff) else math.inf
+
+
+@dataclass
+class TensorCheck:
+    name: str
+    variant_rmse: float
+    eager_rmse: float
+    threshold: float
+    passed: bool
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "variant_rmse": _finite(self.variant_rmse),
+            "eager_rmse": _finite(self.eager_rmse),
+            "threshold": _finite(self.threshold),
+            "passed": self.passed,
+        }
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+@dataclass
+class CorrectnessReport:
+    passed: bool
+    checks: list[TensorCheck] = field(default_factory=list)
+    rule: str = ""
+    note: str = ""
+
+    @property
+    def worst_ratio(self) -> float | None:
+        ratios = [
+            c.variant_rmse / c.threshold for c in self.checks if c.threshold > 0
+        ]
+        return max(ratios) if ratios else None
+
+    def to_dict(self) -> dict:
+        worst = self.worst_ratio
+        return {
+            "passed": self.passed,
+            "rule": self.rule,
+            "note": self.note,
+            "worst_error_over_threshold": _finite(worst) if worst is not None else None,
+            "checks": [c.to_dict() for c in self.checks],
+        }
+
+
+def compare(
+    variant: list[tuple[str, Any]],
+    eager_same_precision: list[tuple[str, Any]],
+    fp64: list[tuple[str, Any]],
+    *,
+    multiplier: float = MULTIPLIER,
+    relative_floor: float = RELATIVE_FLOOR,
+) -> CorrectnessReport:
+    """Each list holds (name, cpu tensor) in the same order, as from ``detach_to_cpu64``."""
+    rule = (
+        f"rmse(variant, fp64) <= {multiplier} * rmse(eager at the same precision, fp64)"
+        f" + {relative_floor} * rms(fp64)"
+    )
+    if not (len(variant) == len(eager_same_precision) == len(fp64)):
+        return CorrectnessReport(
+            False, [], rule, f"output structure differs: {len(variant)} tensors vs {len(fp64)}"
+        )
+    checks = []
+    for (name, v), (_, e), (_, r) in zip(variant, eager_same_precision, fp64, strict=True):
+        v_err, e_err = rmse(v, r), rmse(e, r)
+        scale = r.double().pow(2).mean().sqrt().item() if r.is_floating_point() else 0.0
+        threshold = multiplier * e_err + relative_floor * scale
+        passed = math.isfinite(v_err) and v_err <= threshold
+        checks.append(TensorCheck(name, v_err, e_err, threshold, passed))
+    return CorrectnessReport(all(c.passed for c in checks), checks, rule)

@@ -1,0 +1,151 @@
+"""Build one arm of a trial: a fresh model from the workload, the variant applied, and a
+`step()` that runs one inference or one full training step under the arm's own settings."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torchkiln.runner.settings import (
+    autocast,
+    call_model,
+    disable_dropout,
+    map_tensors,
+    precision_flags,
+    seed_everything,
+)
+from torchkiln.runner.trial import TrialSpec
+from torchkiln.variants import Variant
+from torchkiln.workloads import Workload, load_workload
+
+
+def default_loss(output: Any, targets: Any) -> Any:
+    import torch.nn.functional as F
+
+    loss = getattr(output, "loss", None)
+    if loss is not None:
+        return loss
+    logits = output
+    if not hasattr(logits, "float"):
+        logits = getattr(output, "logits", None)
+        if logits is None:
+            logits = output[0]
+    if targets is not None:
+        return F.cross_entropy(logits.float(), targets)
+    return logits.float().pow(2).mean()
+
+
+def default_optimizer(model: Any) -> Any:
+    import torch
+
+    return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+
+@dataclass
+class Arm:
+    """One way of running the workload, ready to step."""
+
+    variant: Variant
+    workload: Workload
+    model: Any
+    step: Callable[[], Any]
+
+
+def _prepare_inputs(inputs: Any, device: str, fp64: bool, channels_last: bool) -> Any:
+    import torch
+
+    def move(t: torch.Tensor) -> torch.Tensor:
+        t = t.to(device)
+        if fp64 and t.is_floating_point():
+            t = t.double()
+        if channels_last and t.dim() == 4 and t.is_floating_point():
+            t = t.contiguous(memory_format=torch.channels_last)
+        return t
+
+    return map_tensors(inputs, move)
+
+
+def build_arm(
+    spec: TrialSpec,
+    variant: Variant,
+    *,
+    fp64: bool = False,
+    no_dropout: bool = False,
+) -> Arm:
+    """A fresh model seeded with ``spec.seed``: every arm starts from identical weights/inputs.
+
+    ``fp64`` builds the high-precision reference (eager only); ``no_dropout`` sets dropout p=0
+    so a training step is deterministic for the correctness check."""
+    import torch
+
+    if fp64 and variant.backend.name != "eager":
+        raise ValueError("the fp64 reference is always eager")
+    seed_everything(spec.seed)
+    workload = load_workload(
+        spec.workload, preset=spec.preset, batch_size=spec.batch_size, step=spec.step
+    )
+    model = workload.model.to(spec.device)
+    if fp64:
+        model = model.double()
+    if no_dropout:
+        disable_dropout(model)
+    if variant.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    inputs = _prepare_inputs(workload.example_inputs, spec.device, fp64, variant.channels_last)
+    targets = map_tensors(workload.targets, lambda t: t.to(spec.device))
+    backend = variant.backend
+    precision = variant.precision
+    device = spec.device
+
+    if workload.step == "infer":
+        model.eval()
+
+        def infer_step(m: Any = model) -> Any:
+            with torch.no_grad(), autocast(device, precision):
+                return call_model(m, inputs)
+
+        if backend.scope == "step":
+            compiled_step = backend.wrap(infer_step, compile_scope="step")
+        else:
+            compiled_model = backend.wrap(model, compile_scope="model")
+
+            def compiled_step() -> Any:
+                return infer_step(compiled_model)
+
+    else:
+        model.train()
+        loss_fn = workload.loss_fn or default_loss
+        optimizer = (workload.make_optimizer or default_optimizer)(model)
+        scaler = None
+        if precision == "fp16":
+            scaler = torch.amp.GradScaler(device.split(":")[0])
+
+        def train_step(m: Any = model) -> Any:
+            with autocast(device, precision):
+                out = call_model(m, inputs)
+                loss = loss_fn(out, targets)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                loss.backward()
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            return loss.detach()
+
+        if backend.scope == "step":
+            compiled_step = backend.wrap(train_step, compile_scope="step")
+        else:
+            compiled_model = backend.wrap(model, compile_scope="model")
+
+            def compiled_step() -> Any:
+                return train_step(compiled_model)
+
+    def step() -> Any:
+        backend.before_step()
+        with precision_flags(precision):
+            return compiled_step()
+
+    return Arm(variant=variant, workload=workload, model=model, step=step)

@@ -1,0 +1,212 @@
+"""One trial, in order: the variant alone (first call, warm-up, memory), then the baseline, then
+interleaved paired reps, kernel counts, FLOPs, and the correctness check last (so its extra
+builds cannot warm the caches that the first call is timed against)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from torchkiln.measure import correctness as corr
+from torchkiln.measure.environment import collect as collect_environment
+from torchkiln.measure.flops import count_flops, peak_tflops
+from torchkiln.measure.kernels import kernels_per_step
+from torchkiln.measure.memory import MemoryTracker
+from torchkiln.measure.stats import paired_speedup, summarize
+from torchkiln.measure.timer import StepTimer, calibrate_steps
+from torchkiln.runner.executable import Arm, build_arm
+from torchkiln.runner.settings import active_dropout
+from torchkiln.runner.trial import TrialSpec
+from torchkiln.variants import Variant, parse_variant
+
+
+def warm_up(arm: Arm, timer: StepTimer, spec: TrialSpec) -> dict[str, Any]:
+    """Run steps until at least `warmup_steps` and `warmup_s` have passed (CUDA-graph recording
+    happens on the 2nd-3rd call, so a single warm-up step would not be enough)."""
+    t0 = time.perf_counter()
+    steps = 0
+    times = []
+    while steps < spec.warmup_steps or time.perf_counter() - t0 < spec.warmup_s:
+        times.append(timer.time(arm.step, 1))
+        steps += 1
+        if steps >= 10_000:
+            break
+    return {"steps": steps, "seconds": time.perf_counter() - t0, "last_ms": times[-3:]}
+
+
+def capture(arm: Arm, timer: StepTimer, params_before: dict | None) -> tuple[float, list]:
+    """Time the first call and keep what the correctness check compares: the outputs for
+    inference; for training the loss and each parameter's first update (SGD: -lr * grad)."""
+    seconds, out = timer.time_once_s(arm.step)
+    tensors = corr.detach_to_cpu64(out)
+    if params_before is not None:
+        tensors = [("loss", tensors[0][1])] + [
+            (f"update.{name}", p.detach().to("cpu").double() - params_before[name])
+            for name, p in arm.model.named_parameters()
+            if name in params_before
+        ]
+    return seconds, tensors
+
+
+def snapshot(arm: Arm) -> dict | None:
+    if arm.workload.step != "train":
+        return None
+    # Kept on the host so the snapshot does not inflate the device memory being measured.
+    return {
+        n: p.detach().to("cpu", copy=True).double()
+        for n, p in arm.model.named_parameters()
+        if p.requires_grad
+    }
+
+
+def dynamo_counters() -> dict[str, Any]:
+    from torch._dynamo.utils import counters
+
+    breaks = sum(counters["graph_break"].values())
+    return {
+        "graphs": int(counters["stats"].get("unique_graphs", 0)),
+        "graph_breaks": int(breaks),
+        "graph_break_reasons": sorted(counters["graph_break"])[:20],
+        "recompiles": int(sum(counters["recompiles"].values())) if "recompiles" in counters else 0,
+    }
+
+
+def reference_variant(variant: Variant) -> Variant:
+    """Eager at the variant's own precision and layout: what the error is judged against."""
+    return Variant(
+        backend=parse_variant("eager").backend,
+        precision=variant.precision,
+        channels_last=variant.channels_last,
+    )
+
+
+def check_correctness(
+    spec: TrialSpec, variant: Variant, first: list, dropout: bool, phases
+) -> dict[str, Any]:
+    note = ""
+    timer = StepTimer(spec.device)
+    if dropout:
+        # Dropout masks differ between eager and compiled RNG, so the check uses a second
+        # instance with p=0 (its compile is not timed).
+        phases("correctness_compile")
+        arm = build_arm(spec, variant, no_dropout=True)
+        _, first = capture(arm, timer, snapshot(arm))
+        del arm
+        note = "dropout set to p=0 for the check (a second instance, compiled apart)"
+    phases("correctness")
+    results = []
+    for kind in ("eager_same_precision", "fp64"):
+        ref_variant = reference_variant(variant) if kind != "fp64" else parse_variant("eager")
+        arm = build_arm(spec, ref_variant, fp64=kind == "fp64", no_dropout=dropout)
+        _, tensors = capture(arm, timer, snapshot(arm))
+        results.append(tensors)
+        del arm
+    report = corr.compare(first, results[0], results[1])
+    report.note = note
+    return report.to_dict()
+
+
+def measure_trial(spec: TrialSpec, result: dict[str, Any], phases) -> None:
+    import torch
+
+    variant = parse_variant(spec.variant)
+    baseline = parse_variant(spec.baseline)
+    result["variant"] = variant.spec
+    result["baseline"] = baseline.spec
+    result["changes_numerics"] = variant.changes_numerics
+    torch.backends.cudnn.benchmark = spec.cudnn_benchmark
+    result["settings"] = {
+        "seed": spec.seed,
+        "threads": torch.get_num_threads(),
+        "cudnn_benchmark": spec.cudnn_benchmark,
+        "tf32": {"variant": variant.precision == "tf32", "baseline": baseline.precision == "tf32"},
+        "precision": {"variant": variant.precision, "baseline": baseline.precision},
+    }
+    result["environment"] = collect_environment(spec.device)
+    for v in (variant, baseline):
+        reason = v.backend.unsupported_reason(spec.device)
+        if reason:
+            result["status"], result["reason"] = "unsupported", reason
+            return
+    timer = StepTimer(spec.device)
+
+    # 1. The variant alone: first call (compilation included), warm-up, memory.
+    phases("build")
+    with MemoryTracker(spec.device) as mem:
+        arm = build_arm(spec, variant)
+        dropout = spec.step == "train" and active_dropout(arm.model)
+        before = snapshot(arm)
+        phases("first_call")
+        result["first_call_s"], first_outputs = capture(arm, timer, before)
+        del before
+        phases("warmup")
+        result["warmup"] = warm_up(arm, timer, spec)
+    result["memory"] = mem.report.to_dict()
+    result["dynamo"] = dynamo_counters()
+
+    # 2. The baseline, warmed the same way.
+    phases("baseline")
+    base = build_arm(spec, baseline)
+    result["baseline_first_call_s"], _ = timer.time_once_s(base.step)
+    warm_up(base, timer, spec)
+
+    # 3. Paired reps, alternating the order (A B, B A, ...) so drift hits both arms alike.
+    phases("measure")
+    steps = calibrate_steps(timer, arm.step, spec.rep_ms)
+    var_ms, base_ms = [], []
+    for i in range(spec.reps):
+        if i % 2 == 0:
+            var_ms.append(timer.time(arm.step, steps))
+            base_ms.append(timer.time(base.step, steps))
+        else:
+            base_ms.append(timer.time(base.step, steps))
+            var_ms.append(timer.time(arm.step, steps))
+    result["steps_per_rep"] = steps
+    result["reps"] = spec.reps
+    result["steady_ms"] = summarize(var_ms).to_dict()
+    result["baseline_ms"] = summarize(base_ms).to_dict()
+    result["speedup"] = paired_speedup(base_ms, var_ms).to_dict()
+    result["dynamo_after_measure"] = dynamo_counters()
+    if result["dynamo_after_measure"]["recompiles"] > result["dynamo"]["recompiles"]:
+        result["notes"].append("recompiled during the timed reps: steady state was not reached")
+
+    # 4. Kernels per step (profiler; CUDA only).
+    if spec.count_kernels:
+        phases("kernels")
+        result["kernels_per_step"] = kernels_per_step(arm.step, 3, spec.device)
+        result["baseline_kernels_per_step"] = kernels_per_step(base.step, 3, spec.device)
+        if result["kernels_per_step"] is None:
+            result["notes"].append("kernels per step are counted on CUDA devices only")
+    del base, arm
+    if spec.device.startswith("cuda"):
+        torch.cuda.empty_cache()
+
+    # 5. FLOPs of the math (counted on eager, the same for every variant) and % of peak.
+    phases("flops")
+    flop_arm = build_arm(spec, reference_variant(variant))
+    flop_arm.step()  # a first step outside the counter: lazy init must not be counted
+    flops = count_flops(flop_arm.step)
+    del flop_arm
+    result["flops_per_step"] = flops
+    gpu = result["environment"].get("gpu") or {}
+    peak, source = peak_tflops(gpu.get("name"), variant.precision)
+    achieved = flops / (result["steady_ms"]["median"] * 1e-3) / 1e12 if flops else None
+    result["achieved_tflops"] = achieved
+    result["peak_tflops"] = peak
+    result["peak_source"] = source
+    result["pct_of_peak"] = 100.0 * achieved / peak if achieved and peak else None
+
+    # 6. Correctness against eager at the same precision and an fp64 reference.
+    if spec.check_accuracy:
+        result["correctness"] = check_correctness(spec, variant, first_outputs, dropout, phases)
+        if not result["correctness"]["passed"]:
+            result["status"] = "accuracy_fail"
+            worst = result["correctness"]["worst_error_over_threshold"]
+            result["reason"] = f"error {worst:.3g}x the allowed threshold" if worst else (
+                result["correctness"]["note"] or "outputs differ"
+            )
+            return
+    else:
+        result["correctness"] = None
+        result["notes"].append("correctness check skipped (--no-check)")
+    result["status"] = "ok"

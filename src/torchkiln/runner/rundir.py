@@ -1,0 +1,63 @@
+"""A run directory: one JSON per trial written as soon as it ends, plus a manifest, so a killed
+run loses nothing and `--resume DIR` skips what is done."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from torchkiln.runner.worker import write_json
+
+MANIFEST_SCHEMA = "torchkiln.run/1"
+
+
+class RunDir:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.trials_dir = self.path / "trials"
+        self.manifest_path = self.path / "manifest.json"
+
+    def trial_dir(self, trial_id: str) -> Path:
+        return self.trials_dir / trial_id
+
+    def result_path(self, trial_id: str) -> Path:
+        return self.trial_dir(trial_id) / "result.json"
+
+    def load_result(self, trial_id: str) -> dict[str, Any] | None:
+        path = self.result_path(trial_id)
+        if not path.exists():
+            return None
+        return json.loads(path.read_text())
+
+    def save_result(self, trial_id: str, result: dict[str, Any]) -> None:
+        self.trial_dir(trial_id).mkdir(parents=True, exist_ok=True)
+        write_json(self.result_path(trial_id), result)
+
+    def manifest(self) -> dict[str, Any] | None:
+        if not self.manifest_path.exists():
+            return None
+        return json.loads(self.manifest_path.read_text())
+
+    def write_manifest(self, info: dict[str, Any], trial_ids: list[str]) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        trials = []
+        for tid in trial_ids:
+            res = self.load_result(tid)
+            trials.append(
+                {
+                    "id": tid,
+                    "status": res["status"] if res else "pending",
+                    "file": str(self.result_path(tid).relative_to(self.path)) if res else None,
+                }
+            )
+        write_json(
+            self.manifest_path,
+            {
+                "schema": MANIFEST_SCHEMA,
+                "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                **info,
+                "trials": trials,
+            },
+        )

@@ -1,0 +1,60 @@
+"""What a trial is (TrialSpec) and the statuses its result can carry."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+TRIAL_SCHEMA = "torchkiln.trial/1"
+
+STATUSES = (
+    "ok",
+    "compile_error",
+    "runtime_error",
+    "oom",
+    "timeout",
+    "crashed",
+    "accuracy_fail",
+    "unsupported",
+)
+
+
+@dataclass
+class TrialSpec:
+    """One (workload, variant) pair and how to measure it. Serialised to the worker as JSON."""
+
+    workload: str
+    variant: str
+    baseline: str = "eager"
+    step: str = "infer"
+    device: str = "cpu"
+    preset: str = "full"
+    batch_size: int | None = None
+    reps: int = 15
+    rep_ms: float = 100.0  # target duration of one timed rep (steps per rep are calibrated)
+    warmup_s: float = 0.5  # warm-up past compilation: at least this long and `warmup_steps`
+    warmup_steps: int = 5
+    seed: int = 0
+    threads: int | None = None
+    check_accuracy: bool = True
+    count_kernels: bool = True
+    cudnn_benchmark: bool = False
+    index: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return f"{self.index:02d}-{slug(self.variant)}"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrialSpec:
+        return cls(**data)
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")[:80] or "trial"

@@ -1,0 +1,121 @@
+"""The trial process: ``python -m torchkiln.runner.worker MODE SPEC.json RESULT.json PHASE``.
+
+MODE is `trial` (measure one variant against its baseline) or `preflight` (check the workload
+loads and one eager forward runs, so bad input is reported before any trial starts). The
+result is written atomically; the parent treats a missing result as a crash."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from torchkiln.runner.trial import TRIAL_SCHEMA, TrialSpec
+
+
+def write_json(path: str | Path, data: dict[str, Any]) -> None:
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+class Phases:
+    """Writes the current phase to a file the parent polls (for progress and for saying where a
+    timeout or crash happened)."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.current = "start"
+
+    def __call__(self, name: str) -> None:
+        self.current = name
+        if self.path:
+            Path(self.path).write_text(name)
+
+
+def classify_error(exc: BaseException, phase: str) -> str:
+    import torch
+
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
+        return "oom"
+    module = type(exc).__module__ or ""
+    if module.startswith(("torch._dynamo", "torch._inductor", "triton")):
+        return "compile_error"
+    if phase in ("first_call", "correctness_compile") and "BackendCompilerFailed" in repr(exc):
+        return "compile_error"
+    return "runtime_error"
+
+
+def preflight(spec: TrialSpec) -> dict[str, Any]:
+    """Load the workload and run one eager forward on the device: user errors surface here."""
+    from torchkiln.errors import KilnUserError
+
+    try:
+        import torch
+
+        if spec.device.startswith("cuda") and not torch.cuda.is_available():
+            return {"ok": False, "kind": "device", "message": "--device cuda but no CUDA GPU"}
+        from torchkiln.runner.executable import build_arm
+        from torchkiln.variants import parse_variant
+
+        spec.step = "infer"  # a forward is enough to tell whether the inputs fit the model
+        arm = build_arm(spec, parse_variant("eager"))
+        arm.step()
+    except KilnUserError as exc:
+        return {"ok": False, "kind": "spec", "message": str(exc)}
+    except Exception as exc:
+        return {
+            "ok": False,
+            "kind": "input",
+            "message": f"the example inputs do not run through the model: "
+            f"{type(exc).__name__}: {exc}",
+        }
+    return {"ok": True}
+
+
+def main(argv: list[str]) -> int:
+    mode, spec_path, result_path, phase_path = argv
+    spec = TrialSpec.from_dict(json.loads(Path(spec_path).read_text()))
+    if spec.threads:
+        import torch
+
+        torch.set_num_threads(spec.threads)
+    if mode == "preflight":
+        write_json(result_path, preflight(spec))
+        return 0
+    from torchkiln.runner.measure_trial import measure_trial
+
+    phases = Phases(phase_path)
+    t0 = time.perf_counter()
+    result: dict[str, Any] = {
+        "schema": TRIAL_SCHEMA,
+        "id": spec.id,
+        "workload": spec.workload,
+        "variant": spec.variant,
+        "baseline": spec.baseline,
+        "step": spec.step,
+        "device": spec.device,
+        "preset": spec.preset,
+        "status": None,
+        "reason": None,
+        "phase": None,
+        "notes": [],
+    }
+    try:
+        measure_trial(spec, result, phases)
+    except Exception as exc:
+        result["status"] = classify_error(exc, phases.current)
+        result["reason"] = f"{type(exc).__name__} during {phases.current}: {exc}"[:4000]
+        result["traceback"] = traceback.format_exc()[-8000:]
+    result["phase"] = phases.current
+    result["wall_s"] = time.perf_counter() - t0
+    write_json(result_path, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

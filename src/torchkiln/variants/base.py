@@ -1,0 +1,208 @@
+"""Variant = a backend (how the model is run) + policies (precision, layout). Spec strings."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from torchkiln.errors import KilnUserError
+
+# fp32 means full fp32: TF32 off for matmuls and convolutions (the honest baseline on Ampere+).
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+LAYOUTS = ("channels_last",)
+SCOPES = ("model", "step")
+NUMERICS_CHANGING = {"tf32", "bf16", "fp16"}
+
+
+class VariantSpecError(KilnUserError):
+    pass
+
+
+@dataclass(frozen=True)
+class Backend:
+    """Base class of a backend. Subclasses are frozen dataclasses whose fields are the spec's
+    parameters; they validate themselves in ``__post_init__`` and list the allowed values."""
+
+    name: ClassVar[str] = ""
+    # Whether the backend needs a CUDA device; on another device the trial is `unsupported`.
+    needs_cuda: ClassVar[bool] = False
+
+    def wrap(self, fn: Callable[..., Any], *, compile_scope: str) -> Callable[..., Any]:
+        """Return the callable that runs ``fn`` (a module or a whole step function)."""
+        raise NotImplementedError
+
+    @property
+    def scope(self) -> str:
+        """What is compiled: the model (`model`) or the whole step, optimizer included (`step`).
+        Backends that compile declare a `scope` field, which shadows this property."""
+        return "model"
+
+    def unsupported_reason(self, device: str) -> str | None:
+        if self.needs_cuda and not device.startswith("cuda"):
+            return f"the {self.name} backend needs a CUDA device, not {device!r}"
+        return None
+
+    def before_step(self) -> None:
+        """Called before each step (e.g. to mark a CUDA-graph step boundary)."""
+
+    def params(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def _choice(value: Any, allowed: tuple[str, ...], what: str) -> None:
+    if value not in allowed:
+        raise VariantSpecError(f"{what}={value!r}; choose from {list(allowed)}")
+
+
+@dataclass(frozen=True)
+class Variant:
+    backend: Backend
+    precision: str = "fp32"
+    channels_last: bool = False
+
+    def __post_init__(self) -> None:
+        _choice(self.precision, PRECISIONS, "precision")
+
+    @property
+    def name(self) -> str:
+        return self.backend.name
+
+    @property
+    def changes_numerics(self) -> bool:
+        return self.precision in NUMERICS_CHANGING
+
+    @property
+    def spec(self) -> str:
+        return format_variant(self)
+
+    def __str__(self) -> str:
+        return self.spec
+
+
+_BACKENDS: dict[str, type[Backend]] = {}
+_plugins_loaded = False
+
+
+def register_backend(cls: type[Backend]) -> type[Backend]:
+    """Class decorator: register a Backend subclass under its ``name``."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} needs a class attribute `name`")
+    _BACKENDS[cls.name] = cls
+    return cls
+
+
+def load_plugins(spec: str | None = None) -> None:
+    """Import the modules or files named in KILN_PLUGINS (comma separated), which may register
+    backends or workloads. Trial workers inherit the variable, so plugins work in both."""
+    spec = os.environ.get("KILN_PLUGINS", "") if spec is None else spec
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        if item.endswith(".py"):
+            path = Path(item)
+            mod_spec = importlib.util.spec_from_file_location(f"kiln_plugin_{path.stem}", path)
+            if mod_spec is None or mod_spec.loader is None:
+                raise KilnUserError(f"cannot load plugin file {item!r}")
+            module = importlib.util.module_from_spec(mod_spec)
+            mod_spec.loader.exec_module(module)
+        else:
+            importlib.import_module(item)
+
+
+def backends() -> dict[str, type[Backend]]:
+    global _plugins_loaded
+    from torchkiln.variants import builtin  # noqa: F401  (registers eager, inductor, cudagraphs)
+
+    if not _plugins_loaded:
+        _plugins_loaded = True
+        load_plugins()
+    return _BACKENDS
+
+
+def available_backends() -> list[str]:
+    return sorted(backends())
+
+
+def _coerce(raw: str, default: Any, key: str, backend: str) -> Any:
+    if isinstance(default, bool):
+        if raw.lower() in ("true", "1", "yes"):
+            return True
+        if raw.lower() in ("false", "0", "no"):
+            return False
+        raise VariantSpecError(f"{backend}: {key}={raw!r}; choose from ['true', 'false']")
+    if isinstance(default, int):
+        try:
+            return int(raw)
+        except ValueError as exc:
+            raise VariantSpecError(f"{backend}: {key}={raw!r} is not an integer") from exc
+    if isinstance(default, float):
+        try:
+            return float(raw)
+        except ValueError as exc:
+            raise VariantSpecError(f"{backend}: {key}={raw!r} is not a number") from exc
+    return raw
+
+
+def parse_variant(spec: str) -> Variant:
+    """Parse ``backend[:k=v,...][+policy...]``; errors list the allowed values."""
+    spec = spec.strip()
+    if not spec:
+        raise VariantSpecError("empty variant spec")
+    head, *policies = spec.split("+")
+    name, _, arg_text = head.partition(":")
+    table = backends()
+    if name not in table:
+        raise VariantSpecError(f"unknown backend {name!r}; choose from {sorted(table)}")
+    cls = table[name]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for item in filter(None, arg_text.split(",")):
+        key, eq, raw = item.partition("=")
+        if not eq:
+            raise VariantSpecError(f"{name}: {item!r} must be key=value")
+        if key not in fields:
+            raise VariantSpecError(f"{name}: unknown parameter {key!r}; choose from {sorted(fields)}")
+        kwargs[key] = _coerce(raw, fields[key].default, key, name)
+    backend = cls(**kwargs)
+    precision, channels_last = "fp32", False
+    seen_precision = False
+    for pol in policies:
+        if pol in PRECISIONS:
+            if seen_precision:
+                raise VariantSpecError(f"{spec!r} names more than one precision")
+            precision, seen_precision = pol, True
+        elif pol in LAYOUTS:
+            channels_last = True
+        else:
+            raise VariantSpecError(
+                f"unknown policy {pol!r}; choose from {list(PRECISIONS) + list(LAYOUTS)}"
+            )
+    return Variant(backend=backend, precision=precision, channels_last=channels_last)
+
+
+def format_variant(v: Variant) -> str:
+    """The canonical spec: parameters that differ from their default, in field order."""
+    parts = []
+    for f in dataclasses.fields(v.backend):
+        value = getattr(v.backend, f.name)
+        if value != f.default:
+            text = str(value).lower() if isinstance(value, bool) else str(value)
+            parts.append(f"{f.name}={text}")
+    out = v.backend.name + (":" + ",".join(parts) if parts else "")
+    if v.precision != "fp32":
+        out += "+" + v.precision
+    if v.channels_last:
+        out += "+channels_last"
+    return out
+
+
+def backend_choices() -> dict[str, dict[str, Any]]:
+    """For --help and `kiln variants`: each backend's parameters and their defaults."""
+    return {
+        name: {f.name: f.default for f in dataclasses.fields(cls)}
+        for name, cls in sorted(backends().items())
+    }

@@ -1,0 +1,88 @@
+"""The built-in backends: eager, inductor (torch.compile) and cudagraphs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torchkiln.variants.base import SCOPES, Backend, _choice, register_backend
+
+INDUCTOR_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+DYNAMIC = ("auto", "true", "false")
+# Modes under which Inductor records CUDA graphs (cudagraph trees) on a CUDA device.
+CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+@register_backend
+@dataclass(frozen=True)
+class Eager(Backend):
+    """Plain PyTorch, no compilation."""
+
+    name = "eager"
+
+    def wrap(self, fn: Callable[..., Any], *, compile_scope: str) -> Callable[..., Any]:
+        return fn
+
+
+def _mark_cudagraph_step() -> None:
+    import torch
+
+    mark = getattr(torch.compiler, "cudagraph_mark_step_begin", None)
+    if mark is not None:
+        mark()
+
+
+@register_backend
+@dataclass(frozen=True)
+class Inductor(Backend):
+    """torch.compile with the Inductor backend."""
+
+    name = "inductor"
+    mode: str = "default"
+    fullgraph: bool = False
+    dynamic: str = "auto"
+    scope: str = "model"
+
+    def __post_init__(self) -> None:
+        _choice(self.mode, INDUCTOR_MODES, "inductor: mode")
+        _choice(self.dynamic, DYNAMIC, "inductor: dynamic")
+        _choice(self.scope, SCOPES, "inductor: scope")
+
+    @property
+    def uses_cudagraphs(self) -> bool:
+        return self.mode in CUDAGRAPH_MODES
+
+    def wrap(self, fn: Callable[..., Any], *, compile_scope: str) -> Callable[..., Any]:
+        import torch
+
+        dynamic = {"auto": None, "true": True, "false": False}[self.dynamic]
+        mode = None if self.mode == "default" else self.mode
+        return torch.compile(fn, mode=mode, fullgraph=self.fullgraph, dynamic=dynamic)
+
+    def before_step(self) -> None:
+        # Cudagraph trees reuse output buffers across replays; marking each step's start tells
+        # them the previous step's outputs are dead, as a training or serving loop would.
+        if self.uses_cudagraphs:
+            _mark_cudagraph_step()
+
+
+@register_backend
+@dataclass(frozen=True)
+class CudaGraphs(Backend):
+    """torch.compile(backend="cudagraphs"): CUDA graphs over AOTAutograd, no Inductor codegen."""
+
+    name = "cudagraphs"
+    needs_cuda = True
+    scope: str = "model"
+
+    def __post_init__(self) -> None:
+        _choice(self.scope, SCOPES, "cudagraphs: scope")
+
+    def wrap(self, fn: Callable[..., Any], *, compile_scope: str) -> Callable[..., Any]:
+        import torch
+
+        return torch.compile(fn, backend="cudagraphs")
+
+    def before_step(self) -> None:
+        _mark_cudagraph_step()

@@ -1,0 +1,119 @@
+"""Built-in workloads. Random weights and random inputs: nothing is downloaded at run time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchkiln.errors import require
+from torchkiln.workloads.base import Workload, register_workload
+
+# (batch, spatial size or sequence length) per preset; `tiny` keeps the model and the code path
+# and shrinks only what makes a CPU run slow.
+_SIZES = {
+    "simple": {"full": (32, 224), "tiny": (4, 32)},
+    "resnet50": {"full": (32, 224), "tiny": (2, 64)},
+    "bert-base": {"full": (16, 128), "tiny": (2, 32)},
+}
+
+
+def _size(name: str, preset: str, batch_size: int | None) -> tuple[int, int]:
+    if preset not in _SIZES[name]:
+        raise ValueError(f"preset={preset!r}; choose from {sorted(_SIZES[name])}")
+    batch, size = _SIZES[name][preset]
+    return (batch_size or batch), size
+
+
+def _image_workload(
+    name: str, model: Any, batch: int, size: int, classes: int, step: str, desc: str
+) -> Workload:
+    import torch
+
+    images = torch.randn(batch, 3, size, size)
+    labels = torch.randint(0, classes, (batch,))
+    return Workload(
+        model=model,
+        example_inputs=(images,),
+        name=name,
+        step=step,
+        targets=labels,
+        description=desc,
+        convolutional=True,
+        meta={"batch": batch, "resolution": size},
+    )
+
+
+class SimpleCNN:  # namespace so the nn.Module subclass is built only once torch is imported
+    _cls = None
+
+    @classmethod
+    def build(cls, classes: int = 10):
+        if cls._cls is None:
+            import torch.nn as nn
+
+            class Simple(nn.Module):
+                """conv3x3 3->64, BN, ReLU, conv3x3 64->128, BN, ReLU, global avg-pool, linear."""
+
+                def __init__(self, classes: int) -> None:
+                    super().__init__()
+                    self.features = nn.Sequential(
+                        nn.Conv2d(3, 64, 3, padding=1, bias=False),
+                        nn.BatchNorm2d(64),
+                        nn.ReLU(inplace=True),
+                        nn.Conv2d(64, 128, 3, padding=1, bias=False),
+                        nn.BatchNorm2d(128),
+                        nn.ReLU(inplace=True),
+                        nn.AdaptiveAvgPool2d(1),
+                    )
+                    self.fc = nn.Linear(128, classes)
+
+                def forward(self, x):
+                    return self.fc(self.features(x).flatten(1))
+
+            cls._cls = Simple
+        return cls._cls(classes)
+
+
+@register_workload("simple", description="small CNN (2 conv + BN + ReLU, pool, linear), 224x224")
+def simple(preset: str = "full", batch_size: int | None = None, step: str = "infer") -> Workload:
+    batch, size = _size("simple", preset, batch_size)
+    return _image_workload(
+        "simple", SimpleCNN.build(10), batch, size, 10, step, "classic small CNN"
+    )
+
+
+@register_workload("resnet50", description="torchvision ResNet-50, random weights", extra="vision")
+def resnet50(preset: str = "full", batch_size: int | None = None, step: str = "infer") -> Workload:
+    tv_models = require("torchvision.models", "vision", "the resnet50 workload")
+    batch, size = _size("resnet50", preset, batch_size)
+    model = tv_models.resnet50(weights=None)
+    return _image_workload("resnet50", model, batch, size, 1000, step, "ResNet-50")
+
+
+@register_workload(
+    "bert-base",
+    description="transformers BertForSequenceClassification(BertConfig()), random weights",
+    extra="nlp",
+)
+def bert_base(
+    preset: str = "full", batch_size: int | None = None, step: str = "infer"
+) -> Workload:
+    import torch
+
+    transformers = require("transformers", "nlp", "the bert-base workload")
+    batch, seq = _size("bert-base", preset, batch_size)
+    config = transformers.BertConfig()
+    model = transformers.BertForSequenceClassification(config)
+    inputs: dict[str, Any] = {
+        "input_ids": torch.randint(0, config.vocab_size, (batch, seq)),
+        "attention_mask": torch.ones(batch, seq, dtype=torch.long),
+    }
+    if step == "train":
+        inputs["labels"] = torch.randint(0, config.num_labels, (batch,))
+    return Workload(
+        model=model,
+        example_inputs=inputs,
+        name="bert-base",
+        step=step,
+        description="BERT-base sequence classification",
+        meta={"batch": batch, "seq_len": seq},
+    )
