@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -26,10 +25,29 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from torchkiln.api import bench  # noqa: E402
+from torchkiln.api import TrialEvents, bench  # noqa: E402
 
-MODES = ["eager", "inductor", "inductor:mode=reduce-overhead",
-         "inductor:mode=max-autotune-no-cudagraphs"]
+
+class Log(TrialEvents):
+    def trial_started(self, index, total, spec):
+        print(f"  [{time.strftime('%H:%M:%S')}] {spec.variant} ...", flush=True)
+
+    def trial_finished(self, spec, result, resumed):
+        ms = (result.get("steady_ms") or {}).get("median")
+        print(
+            f"  [{time.strftime('%H:%M:%S')}] {spec.variant}: {result['status']}"
+            f" first_call={result.get('first_call_s')} ms={ms} "
+            f"wall={result.get('process_wall_s')} {result.get('reason') or ''}",
+            flush=True,
+        )
+
+
+MODES = [
+    "eager",
+    "inductor",
+    "inductor:mode=reduce-overhead",
+    "inductor:mode=max-autotune-no-cudagraphs",
+]
 # (workload, step, precision, plain-loop mode, kiln variant) checked against the plain loop.
 PLAIN_CHECKS = [
     ("simple", "train", "fp32", "eager", "eager"),
@@ -45,7 +63,7 @@ def with_precision(spec: str, precision: str) -> str:
 
 
 def run_group(out: Path, workload: str, step: str, precision: str, args) -> dict:
-    run_dir = out / "runs" / f"{workload}-{step}-{precision}"
+    run_dir = Path(args.runs_dir) / f"{workload}-{step}-{precision}"
     resume = run_dir if (run_dir / "manifest.json").exists() else None
     print(f"== {workload} {step} {precision}", flush=True)
     t0 = time.perf_counter()
@@ -60,6 +78,7 @@ def run_group(out: Path, workload: str, step: str, precision: str, args) -> dict
         resume=resume,
         timeout_s=args.timeout,
         spec_overrides={"reps": args.reps},
+        events=Log(),
     )
     doc["group_wall_s"] = time.perf_counter() - t0
     (out / f"{workload}-{step}-{precision}.json").write_text(json.dumps(doc, indent=2))
@@ -76,9 +95,17 @@ def plain_check(out: Path, docs: dict, args) -> list[dict]:
         if trial is None or trial["status"] != "ok":
             continue
         proc = subprocess.run(
-            [sys.executable, str(ROOT / "benchmarks" / "plain_loop.py"), workload, step,
-             precision, mode],
-            capture_output=True, text=True, timeout=args.timeout,
+            [
+                sys.executable,
+                str(ROOT / "benchmarks" / "plain_loop.py"),
+                workload,
+                step,
+                precision,
+                mode,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=args.timeout,
         )
         if proc.returncode != 0:
             rows.append({"config": [workload, step, precision, mode], "error": proc.stderr[-2000:]})
@@ -86,28 +113,49 @@ def plain_check(out: Path, docs: dict, args) -> list[dict]:
         plain = json.loads(proc.stdout.strip().splitlines()[-1])
         kiln_ms = trial["steady_ms"]["median"]
         ratio = kiln_ms / plain["median_ms"]
-        rows.append({
-            "config": [workload, step, precision, mode], "kiln_ms": kiln_ms,
-            "plain_ms": plain["median_ms"], "plain_reps_ms": plain["reps_ms"],
-            "kiln_over_plain": ratio, "agree_within_10pct": abs(ratio - 1) <= 0.10,
-        })
-        print(f"plain {workload} {step} {precision} {mode}: kiln {kiln_ms:.3f} ms, "
-              f"plain {plain['median_ms']:.3f} ms, ratio {ratio:.3f}", flush=True)
+        rows.append(
+            {
+                "config": [workload, step, precision, mode],
+                "kiln_ms": kiln_ms,
+                "plain_ms": plain["median_ms"],
+                "plain_reps_ms": plain["reps_ms"],
+                "kiln_over_plain": ratio,
+                "agree_within_10pct": abs(ratio - 1) <= 0.10,
+            }
+        )
+        print(
+            f"plain {workload} {step} {precision} {mode}: kiln {kiln_ms:.3f} ms, "
+            f"plain {plain['median_ms']:.3f} ms, ratio {ratio:.3f}",
+            flush=True,
+        )
     (out / "plain_check.json").write_text(json.dumps(rows, indent=2))
     return rows
 
 
 def aa_check(out: Path, args) -> dict:
     spec = "eager+bf16"
-    doc = bench("resnet50", [spec], step="infer", device=args.device, preset=args.preset,
-                baseline=spec, out=out / "runs" / "aa-resnet50-infer-bf16",
-                timeout_s=args.timeout, spec_overrides={"reps": 40, "check_accuracy": False})
+    doc = bench(
+        "resnet50",
+        [spec],
+        step="infer",
+        device=args.device,
+        preset=args.preset,
+        baseline=spec,
+        out=Path(args.runs_dir) / "aa-resnet50-infer-bf16",
+        events=Log(),
+        timeout_s=args.timeout,
+        spec_overrides={"reps": 40, "check_accuracy": False},
+    )
     trial = doc["trials"][0]
     lo, hi = trial["speedup"]["ci95"]
     verdict = {
-        "spec": spec, "speedup": trial["speedup"]["median"], "ci95": [lo, hi],
-        "contains_1": lo <= 1.0 <= hi, "within_2pct": lo >= 0.98 and hi <= 1.02,
-        "steady_ms": trial["steady_ms"]["median"], "environment": doc["environment"],
+        "spec": spec,
+        "speedup": trial["speedup"]["median"],
+        "ci95": [lo, hi],
+        "contains_1": lo <= 1.0 <= hi,
+        "within_2pct": lo >= 0.98 and hi <= 1.02,
+        "steady_ms": trial["steady_ms"]["median"],
+        "environment": doc["environment"],
     }
     (out / "aa_check.json").write_text(json.dumps(verdict, indent=2))
     print(f"A/A resnet50 infer bf16 eager: {verdict['speedup']:.4f} [{lo:.4f}, {hi:.4f}]")
@@ -115,8 +163,10 @@ def aa_check(out: Path, args) -> dict:
 
 
 def summary_table(docs: dict) -> list[str]:
-    lines = [f"{'workload':10s} {'step':5s} {'prec':4s} {'variant':46s} {'status':13s} "
-             f"{'ms':>8s} {'speedup [95% CI]':>22s} {'first s':>7s} {'kern':>5s} {'GiB r':>6s}"]
+    lines = [
+        f"{'workload':10s} {'step':5s} {'prec':4s} {'variant':46s} {'status':13s} "
+        f"{'ms':>8s} {'speedup [95% CI]':>22s} {'first s':>7s} {'kern':>5s} {'GiB r':>6s}"
+    ]
     for (w, s, p), doc in docs.items():
         for t in doc["trials"]:
             if t["status"] != "ok":
@@ -141,6 +191,7 @@ def main() -> int:
     p.add_argument("--workloads", default="simple,resnet50,bert-base")
     p.add_argument("--steps", default="infer,train")
     p.add_argument("--precisions", default="fp32,bf16")
+    p.add_argument("--runs-dir", default=None, help="kiln run directories (default OUT/runs)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--preset", default="full")
     p.add_argument("--reps", type=int, default=15)
@@ -150,6 +201,7 @@ def main() -> int:
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    args.runs_dir = args.runs_dir or str(out / "runs")
     docs = {}
     for w in args.workloads.split(","):
         for s in args.steps.split(","):

@@ -20,9 +20,15 @@ def build(workload: str, step: str):
     torch.manual_seed(0)
     if workload == "simple":
         model = nn.Sequential(
-            nn.Conv2d(3, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(True),
-            nn.Conv2d(64, 128, 3, padding=1, bias=False), nn.BatchNorm2d(128), nn.ReLU(True),
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10),
+            nn.Conv2d(3, 64, 3, padding=1, bias=False),
+            nn.BatchNorm2d(64),
+            nn.ReLU(True),
+            nn.Conv2d(64, 128, 3, padding=1, bias=False),
+            nn.BatchNorm2d(128),
+            nn.ReLU(True),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(128, 10),
         )
         x = {"x": torch.randn(32, 3, 224, 224)}
         y = torch.randint(0, 10, (32,))
@@ -56,8 +62,8 @@ def main(workload: str, step: str, precision: str, mode: str) -> dict:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     model, x, y, fwd = build(workload, step)
-    run = model if mode == "eager" else torch.compile(
-        model, mode=None if mode == "default" else mode
+    run = (
+        model if mode == "eager" else torch.compile(model, mode=None if mode == "default" else mode)
     )
     ctx = (
         (lambda: torch.autocast("cuda", dtype=torch.bfloat16))
@@ -99,8 +105,12 @@ def main(workload: str, step: str, precision: str, mode: str) -> dict:
         end.synchronize()
         reps.append(start.elapsed_time(end) / 50)
     return {
-        "workload": workload, "step": step, "precision": precision, "mode": mode,
-        "median_ms": statistics.median(reps), "reps_ms": reps,
+        "workload": workload,
+        "step": step,
+        "precision": precision,
+        "mode": mode,
+        "median_ms": statistics.median(reps),
+        "reps_ms": reps,
     }
 
 

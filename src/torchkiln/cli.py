@@ -28,16 +28,25 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
             f"{backends}. Policies: +fp32 +tf32 +bf16 +fp16 +channels_last."
         ),
     )
-    p.add_argument("workload", help="a registered name (see `kiln workloads`), file.py:factory "
-                   "or pkg.module:factory")
-    p.add_argument("--variants", help="comma-separated specs; default on cuda: "
-                   f"{','.join(DEFAULT_VARIANTS['cuda'])}; on cpu: "
-                   f"{','.join(DEFAULT_VARIANTS['cpu'])}")
+    p.add_argument(
+        "workload",
+        help="a registered name (see `kiln workloads`), file.py:factory or pkg.module:factory",
+    )
+    p.add_argument(
+        "--variants",
+        help="comma-separated specs; default on cuda: "
+        f"{','.join(DEFAULT_VARIANTS['cuda'])}; on cpu: "
+        f"{','.join(DEFAULT_VARIANTS['cpu'])}",
+    )
     p.add_argument("--baseline", default="eager", help="the spec every variant is paired with")
     p.add_argument("--step", choices=["infer", "train"], default="infer")
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if present)")
-    p.add_argument("--preset", choices=["auto", "full", "tiny"], default="auto",
-                   help="auto = full on a GPU, tiny on the CPU")
+    p.add_argument(
+        "--preset",
+        choices=["auto", "full", "tiny"],
+        default="auto",
+        help="auto = full on a GPU, tiny on the CPU",
+    )
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--reps", type=int, default=None, help="paired timed reps (default 15)")
     p.add_argument("--rep-ms", type=float, default=None, help="target ms per rep (default 100)")
@@ -46,8 +55,11 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", dest="json_path", help="also write the results here")
     p.add_argument("--out", help="run directory (default kiln-runs/<time>-<workload>-<step>)")
     p.add_argument("--resume", help="continue the run in this directory, skipping done trials")
-    p.add_argument("--cache-dir", help="share this compile cache between trials (default: a "
-                   "fresh cache per trial, so compile times are cold)")
+    p.add_argument(
+        "--cache-dir",
+        help="share this compile cache between trials (default: a "
+        "fresh cache per trial, so compile times are cold)",
+    )
 
 
 def _default_device() -> str:
@@ -181,8 +193,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kiln: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("kiln: interrupted; finished trials are saved in the run directory "
-              "(continue with --resume DIR)", file=sys.stderr)
+        print(
+            "kiln: interrupted; finished trials are saved in the run directory "
+            "(continue with --resume DIR)",
+            file=sys.stderr,
+        )
         return 130
 
 

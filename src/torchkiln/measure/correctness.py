@@ -90,9 +90,7 @@ class CorrectnessReport:
 
     @property
     def worst_ratio(self) -> float | None:
-        ratios = [
-            c.variant_rmse / c.threshold for c in self.checks if c.threshold > 0
-        ]
+        ratios = [c.variant_rmse / c.threshold for c in self.checks if c.threshold > 0]
         return max(ratios) if ratios else None
 
     def to_dict(self) -> dict:

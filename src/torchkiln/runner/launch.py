@@ -56,11 +56,16 @@ def _spawn(
     spec_path.write_text(spec.to_json())
     cmd = [sys.executable, "-m", "torchkiln.runner.worker", mode]
     cmd += [str(spec_path), str(result_path), str(phase_path)]
-    with open(trial_dir / f"{mode}-stdout.txt", "wb") as out, open(
-        trial_dir / f"{mode}-stderr.txt", "wb"
-    ) as err:
+    with (
+        open(trial_dir / f"{mode}-stdout.txt", "wb") as out,
+        open(trial_dir / f"{mode}-stderr.txt", "wb") as err,
+    ):
         proc = subprocess.Popen(
-            cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
+            cmd,
+            stdout=out,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            env=env,
             start_new_session=True,
         )
         deadline = time.monotonic() + timeout_s
@@ -161,8 +166,11 @@ def preflight(spec: TrialSpec, work_dir: Path, timeout_s: float) -> dict[str, An
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     result, code, phase, timed_out = _spawn("preflight", spec, work_dir, timeout_s, env, None)
     if timed_out:
-        return {"ok": False, "kind": "timeout", "message": f"loading the workload took over "
-                f"{timeout_s:.0f} s"}
+        return {
+            "ok": False,
+            "kind": "timeout",
+            "message": f"loading the workload took over {timeout_s:.0f} s",
+        }
     if result is None:
         return {
             "ok": False,

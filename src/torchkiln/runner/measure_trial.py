@@ -202,8 +202,10 @@ def measure_trial(spec: TrialSpec, result: dict[str, Any], phases) -> None:
         if not result["correctness"]["passed"]:
             result["status"] = "accuracy_fail"
             worst = result["correctness"]["worst_error_over_threshold"]
-            result["reason"] = f"error {worst:.3g}x the allowed threshold" if worst else (
-                result["correctness"]["note"] or "outputs differ"
+            result["reason"] = (
+                f"error {worst:.3g}x the allowed threshold"
+                if worst
+                else (result["correctness"]["note"] or "outputs differ")
             )
             return
     else:

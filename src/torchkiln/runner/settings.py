@@ -47,9 +47,7 @@ def autocast(device: str, precision: str) -> contextlib.AbstractContextManager:
 def active_dropout(model: Any) -> bool:
     import torch.nn as nn
 
-    return any(
-        isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()
-    )
+    return any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules())
 
 
 def disable_dropout(model: Any) -> None:

@@ -67,7 +67,7 @@ def preflight(spec: TrialSpec) -> dict[str, Any]:
         arm.step()
     except KilnUserError as exc:
         return {"ok": False, "kind": "spec", "message": str(exc)}
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001  (every failure becomes a reported status)
         return {
             "ok": False,
             "kind": "input",
@@ -107,7 +107,7 @@ def main(argv: list[str]) -> int:
     }
     try:
         measure_trial(spec, result, phases)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001  (every failure becomes a reported status)
         result["status"] = classify_error(exc, phases.current)
         result["reason"] = f"{type(exc).__name__} during {phases.current}: {exc}"[:4000]
         result["traceback"] = traceback.format_exc()[-8000:]

@@ -165,7 +165,9 @@ def parse_variant(spec: str) -> Variant:
         if not eq:
             raise VariantSpecError(f"{name}: {item!r} must be key=value")
         if key not in fields:
-            raise VariantSpecError(f"{name}: unknown parameter {key!r}; choose from {sorted(fields)}")
+            raise VariantSpecError(
+                f"{name}: unknown parameter {key!r}; choose from {sorted(fields)}"
+            )
         kwargs[key] = _coerce(raw, fields[key].default, key, name)
     backend = cls(**kwargs)
     precision, channels_last = "fp32", False

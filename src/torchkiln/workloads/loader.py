@@ -1,4 +1,4 @@
-"""Resolve a workload spec: a registered name, ``path/to/file.py:factory`` or ``pkg.mod:factory``."""
+"""Resolve a workload spec: a registered name, ``file.py:factory`` or ``pkg.mod:factory``."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def _import_factory(spec: str):
         sys.modules[mod_name] = module
         try:
             module_spec.loader.exec_module(module)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001  (every failure becomes a reported status)
             raise WorkloadSpecError(
                 f"importing {str(path)!r} raised {type(exc).__name__}: {exc}"
             ) from exc
@@ -86,7 +86,7 @@ def load_workload(
         result = call_factory(factory, preset=preset, batch_size=batch_size, step=step)
     except KilnUserError:
         raise
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001  (every failure becomes a reported status)
         raise WorkloadSpecError(
             f"workload factory {spec!r} raised {type(exc).__name__}: {exc}"
         ) from exc

@@ -94,9 +94,7 @@ def resnet50(preset: str = "full", batch_size: int | None = None, step: str = "i
     description="transformers BertForSequenceClassification(BertConfig()), random weights",
     extra="nlp",
 )
-def bert_base(
-    preset: str = "full", batch_size: int | None = None, step: str = "infer"
-) -> Workload:
+def bert_base(preset: str = "full", batch_size: int | None = None, step: str = "infer") -> Workload:
     import torch
 
     transformers = require("transformers", "nlp", "the bert-base workload")
