@@ -30,9 +30,13 @@ class Phases:
     def __init__(self, path: str | None) -> None:
         self.path = path
         self.current = "start"
+        self.started = time.perf_counter()
+        self.seconds: dict[str, float] = {}
 
     def __call__(self, name: str) -> None:
-        self.current = name
+        now = time.perf_counter()
+        self.seconds[self.current] = self.seconds.get(self.current, 0.0) + now - self.started
+        self.current, self.started = name, now
         if self.path:
             Path(self.path).write_text(name)
 
@@ -108,10 +112,13 @@ def main(argv: list[str]) -> int:
     try:
         measure_trial(spec, result, phases)
     except Exception as exc:  # noqa: BLE001  (every failure becomes a reported status)
+        result["failed_phase"] = phases.current
         result["status"] = classify_error(exc, phases.current)
         result["reason"] = f"{type(exc).__name__} during {phases.current}: {exc}"[:4000]
         result["traceback"] = traceback.format_exc()[-8000:]
-    result["phase"] = phases.current
+    phases("done")
+    result["phase"] = result.pop("failed_phase", "done")
+    result["phase_s"] = phases.seconds
     result["wall_s"] = time.perf_counter() - t0
     write_json(result_path, result)
     return 0
