@@ -93,7 +93,10 @@ def render(doc: dict[str, Any], console: Any = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # piped or captured: do not fold the table to 80 columns
+            console = Console(width=220)
     title = (
         f"{doc['workload']} · {doc['step']} · {doc['device']} · preset {doc['preset']} · "
         f"baseline {doc['baseline']}"

@@ -6,6 +6,7 @@ import dataclasses
 import importlib
 import importlib.util
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,6 +109,7 @@ def load_plugins(spec: str | None = None) -> None:
             if mod_spec is None or mod_spec.loader is None:
                 raise KilnUserError(f"cannot load plugin file {item!r}")
             module = importlib.util.module_from_spec(mod_spec)
+            sys.modules[mod_spec.name] = module  # dataclasses look their module up here
             mod_spec.loader.exec_module(module)
         else:
             importlib.import_module(item)

@@ -1,0 +1,99 @@
+"""`kiln bench` end to end on the CPU, and bad input giving exit code 2 with a clear message."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = json.loads((ROOT / "src/torchkiln/report/bench.schema.json").read_text())
+WL = Path(__file__).parent / "fixtures" / "workloads.py"
+
+
+def kiln(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "torchkiln.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.slow
+def test_bench_simple_tiny_cpu_end_to_end(tmp_path):
+    out_json = tmp_path / "r.json"
+    proc = kiln(
+        "bench",
+        "simple",
+        "--preset",
+        "tiny",
+        "--device",
+        "cpu",
+        "--variants",
+        "eager,inductor",
+        "--json",
+        str(out_json),
+        "--out",
+        str(tmp_path / "run"),
+        "--reps",
+        "5",
+        "--rep-ms",
+        "20",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out_json.read_text())
+    jsonschema.validate(doc, SCHEMA)
+    assert [t["variant"] for t in doc["trials"]] == ["eager", "inductor"]
+    eager, ind = doc["trials"]
+    assert eager["status"] == "ok", eager.get("reason")
+    assert ind["status"] == "ok", ind.get("reason")
+    # Compile time is reported apart from the steady state, which is far shorter.
+    assert ind["first_call_s"] > 10 * ind["steady_ms"]["median"] / 1e3
+    assert ind["dynamo"]["graphs"] >= 1 and ind["dynamo"]["graph_breaks"] == 0
+    assert ind["correctness"]["passed"]
+    assert ind["flops_per_step"] == eager["flops_per_step"] > 0
+    assert ind["environment"]["torch"].startswith("2.")
+    assert len(ind["steady_ms"]["samples"]) == 5
+    assert "inductor" in proc.stdout and "speedup" in proc.stdout
+    assert (tmp_path / "run" / "manifest.json").exists()
+
+
+@pytest.mark.parametrize(
+    "args, expect",
+    [
+        (["bench", "nope"], "unknown workload 'nope'; choose from"),
+        (["bench", "simple", "--variants", "inductor:mode=warp"], "choose from ['default'"),
+        (["bench", "missing.py:f"], "does not exist"),
+        (["bench", f"{WL}:broken_factory"], "the factory itself is broken"),
+        (["bench", f"{WL}:mismatch", "--device", "cpu"], "do not run through the model"),
+    ],
+)
+def test_bad_input_exits_2_with_a_message(args, expect, tmp_path):
+    proc = kiln(*args, "--out", str(tmp_path / "run"), timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert expect in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_device_cuda_without_a_gpu_exits_2():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    proc = kiln("bench", "simple", "--device", "cuda")
+    assert proc.returncode == 2
+    assert "no CUDA GPU" in proc.stderr
+
+
+def test_lists_come_from_the_registries():
+    proc = kiln("variants")
+    assert proc.returncode == 0
+    assert "inductor" in proc.stdout and "max-autotune-no-cudagraphs" not in proc.stdout
+    assert "mode=default" in proc.stdout and "+channels_last" in proc.stdout
+    proc = kiln("workloads")
+    assert all(name in proc.stdout for name in ("simple", "resnet50", "bert-base"))

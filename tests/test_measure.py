@@ -1,0 +1,146 @@
+"""The instrument itself: timer, memory tracker, statistics, correctness rule."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from torchkiln.measure import correctness as corr
+from torchkiln.measure.memory import MemoryTracker
+from torchkiln.measure.stats import paired_speedup, summarize
+from torchkiln.measure.timer import StepTimer, calibrate_steps
+
+
+def test_timer_measures_a_known_sleep_within_10_percent():
+    ms = StepTimer("cpu").time(lambda: time.sleep(0.02), steps=5)
+    assert 18.0 <= ms <= 22.0, ms
+
+
+def test_first_call_timer_returns_the_output():
+    seconds, out = StepTimer("cpu").time_once_s(lambda: (time.sleep(0.01), 7)[1])
+    assert out == 7
+    assert 0.009 <= seconds <= 0.05
+
+
+def test_calibrate_steps_targets_the_rep_length():
+    steps = calibrate_steps(StepTimer("cpu"), lambda: time.sleep(0.005), target_ms=50)
+    assert 7 <= steps <= 11
+
+
+def test_memory_tracker_sees_a_known_allocation():
+    size = 256 * 2**20
+    with MemoryTracker("cpu") as mem:
+        block = torch.ones(size // 4, dtype=torch.float32)  # ones() touches every page
+        time.sleep(0.05)
+        del block
+    delta = mem.report.peak_rss_delta_bytes
+    assert 0.9 * size <= delta <= 1.15 * size, delta / 2**20
+
+
+@pytest.mark.gpu
+def test_cuda_memory_tracker_sees_a_known_allocation():
+    size = 512 * 2**20
+    with MemoryTracker("cuda") as mem:
+        block = torch.ones(size // 4, device="cuda")
+        del block
+    assert mem.report.peak_allocated_bytes >= size
+    assert mem.report.peak_allocated_bytes <= size + 64 * 2**20
+    assert mem.report.peak_reserved_bytes >= mem.report.peak_allocated_bytes
+
+
+@pytest.mark.gpu
+def test_cuda_event_timer_agrees_with_a_synchronised_host_clock():
+    timer = StepTimer("cuda")
+    work = lambda: torch.cuda._sleep(20_000_000)  # noqa: E731
+    work()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(5):
+        work()
+    torch.cuda.synchronize()
+    host_ms = (time.perf_counter() - t0) * 1e3 / 5
+    event_ms = timer.time(work, 5)
+    assert abs(event_ms / host_ms - 1) < 0.10
+
+
+def test_summary_of_known_samples():
+    s = summarize([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert s.median == 3.0
+    assert s.q25 == 2.0 and s.q75 == 4.0 and s.iqr == 2.0
+    assert s.n == 5
+    assert math.isclose(s.cv, np.std([1, 2, 3, 4, 5], ddof=1) / 3.0)
+    assert s.ci95[0] <= 3.0 <= s.ci95[1]
+    assert 1.0 <= s.ci95[0] and s.ci95[1] <= 5.0
+
+
+def test_paired_speedup_of_a_clear_win_is_significant():
+    base = [10.0, 10.2, 9.9, 10.1, 10.0, 10.3, 9.8, 10.0]
+    var = [5.0, 5.1, 4.9, 5.0, 5.05, 5.1, 4.95, 5.0]
+    sp = paired_speedup(base, var)
+    assert 1.95 <= sp.median <= 2.05
+    assert sp.significant and sp.verdict == "faster"
+    assert sp.ci95[0] > 1.9
+
+
+def test_paired_speedup_of_noise_is_no_significant_difference():
+    rng = np.random.default_rng(0)
+    base = 10 + rng.normal(0, 0.3, 30)
+    var = 10 + rng.normal(0, 0.3, 30)
+    sp = paired_speedup(base, var)
+    assert sp.ci95[0] <= 1.0 <= sp.ci95[1]
+    assert not sp.significant
+    assert sp.verdict == "no significant difference"
+
+
+def test_a_tiny_but_consistent_difference_is_below_the_minimum_effect():
+    base = [10.00 + 0.001 * i for i in range(20)]
+    var = [b / 1.002 for b in base]  # 0.2% faster, every rep
+    sp = paired_speedup(base, var)
+    assert sp.ci95[0] > 1.0  # the interval excludes 1 ...
+    assert not sp.significant  # ... but 0.2% is below the 1% minimum effect
+
+
+def test_slower_variant_is_reported_slower():
+    sp = paired_speedup([5.0] * 10, [10.0 + 0.01 * i for i in range(10)])
+    assert sp.verdict == "slower" and sp.median < 0.51
+
+
+def _tensors(*values):
+    return [(f"t{i}", torch.tensor(v, dtype=torch.float64)) for i, v in enumerate(values)]
+
+
+def test_correctness_accepts_errors_like_eagers_own():
+    ref = _tensors([1.0, 2.0, 3.0])
+    eager = _tensors([1.001, 2.0, 3.0])
+    variant = _tensors([1.0, 2.0015, 3.0])
+    report = corr.compare(variant, eager, ref)
+    assert report.passed
+    assert report.checks[0].threshold == pytest.approx(
+        2.0 * (0.001 / math.sqrt(3)) + 1e-4 * math.sqrt(14 / 3)
+    )
+
+
+def test_correctness_rejects_errors_far_beyond_eagers():
+    ref = _tensors([1.0, 2.0, 3.0])
+    eager = _tensors([1.001, 2.0, 3.0])
+    variant = _tensors([1.1, 2.0, 3.0])
+    report = corr.compare(variant, eager, ref)
+    assert not report.passed
+    assert report.worst_ratio > 10
+
+
+def test_correctness_rejects_nan_and_shape_changes():
+    ref = _tensors([1.0, 2.0])
+    assert not corr.compare(_tensors([float("nan"), 2.0]), ref, ref).passed
+    assert not corr.compare(_tensors([1.0, 2.0, 3.0]), ref, ref).passed
+    assert not corr.compare(_tensors([1.0], [2.0]), ref, ref).passed
+
+
+def test_flatten_tensors_walks_nested_outputs():
+    out = {"logits": torch.ones(2), "hidden": (torch.zeros(1), [torch.ones(3)]), "n": 3}
+    names = [n for n, _ in corr.flatten_tensors(out)]
+    assert names == ["out.logits", "out.hidden[0]", "out.hidden[1][0]"]

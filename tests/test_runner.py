@@ -1,0 +1,106 @@
+"""Isolated trials: crashes, hangs and errors become statuses; accuracy failures are caught;
+results are written as they finish and resumed."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from torchkiln.api import bench, run_trials
+from torchkiln.runner.trial import TrialSpec
+
+FIX = Path(__file__).parent / "fixtures"
+WL = FIX / "workloads.py"
+# Small reps keep each eager trial to a few seconds on 2 cores; the numbers are not the point.
+FAST = {"reps": 3, "rep_ms": 5.0, "warmup_s": 0.0, "warmup_steps": 1}
+
+
+@pytest.mark.slow
+def test_abort_hang_and_raise_are_reported_while_the_others_finish(tmp_path):
+    specs = [
+        TrialSpec(workload=f"{WL}:aborts", variant="eager", index=0, **FAST),
+        TrialSpec(workload=f"{WL}:hangs", variant="eager", index=1, **FAST),
+        TrialSpec(workload=f"{WL}:raises", variant="eager", index=2, **FAST),
+        TrialSpec(workload=f"{WL}:tiny_mlp", variant="eager", index=3, **FAST),
+    ]
+    results = run_trials(specs, tmp_path, timeout_s=25)
+    by_wl = {r["workload"].split(":")[-1]: r for r in results}
+    assert by_wl["aborts"]["status"] == "crashed"
+    assert "SIGABRT" in by_wl["aborts"]["reason"]
+    assert by_wl["hangs"]["status"] == "timeout"
+    assert "no result after 25 s" in by_wl["hangs"]["reason"]
+    assert by_wl["raises"]["status"] == "runtime_error"
+    assert "planted failure in forward" in by_wl["raises"]["reason"]
+    assert by_wl["tiny_mlp"]["status"] == "ok"
+    assert by_wl["tiny_mlp"]["steady_ms"]["median"] > 0
+    # Each result is on disk as soon as its trial ended.
+    for spec in specs:
+        saved = json.loads((tmp_path / "trials" / spec.id / "result.json").read_text())
+        assert saved["status"] == by_wl[spec.workload.split(":")[-1]]["status"]
+
+
+@pytest.mark.slow
+def test_a_variant_that_perturbs_outputs_is_an_accuracy_fail(tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_PLUGINS", str(FIX / "perturb_plugin.py"))
+    import torchkiln.variants.base as vb
+
+    vb._plugins_loaded = False  # let this process see the plugin too (the CLI parses specs)
+    doc = bench(
+        "simple",
+        ["perturb", "eager"],
+        device="cpu",
+        preset="tiny",
+        out=tmp_path / "run",
+        timeout_s=120,
+        spec_overrides=FAST,
+    )
+    status = {t["variant"]: t for t in doc["trials"]}
+    assert status["perturb"]["status"] == "accuracy_fail"
+    assert status["perturb"]["correctness"]["worst_error_over_threshold"] > 1
+    assert status["eager"]["status"] == "ok"
+    assert status["eager"]["correctness"]["passed"]
+
+
+@pytest.mark.slow
+def test_train_step_correctness_checks_loss_and_updates(tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_PLUGINS", str(FIX / "perturb_plugin.py"))
+    import torchkiln.variants.base as vb
+
+    vb._plugins_loaded = False
+    doc = bench(
+        "simple",
+        ["eager+bf16", "perturb"],
+        step="train",
+        device="cpu",
+        preset="tiny",
+        out=tmp_path / "run",
+        timeout_s=120,
+        spec_overrides=FAST,
+    )
+    ok, bad = doc["trials"]
+    names = [c["name"] for c in ok["correctness"]["checks"]]
+    assert names[0] == "loss" and any(n.startswith("update.features.0") for n in names)
+    assert ok["status"] == "ok" and ok["changes_numerics"] is True
+    assert bad["status"] == "accuracy_fail"
+
+
+@pytest.mark.slow
+def test_resume_skips_finished_trials(tmp_path):
+    out = tmp_path / "run"
+    first = bench(f"{WL}:tiny_mlp", ["eager"], device="cpu", out=out, spec_overrides=FAST)
+    result_file = out / "trials" / first["trials"][0]["id"] / "result.json"
+    stamp = os.stat(result_file).st_mtime_ns
+    second = bench(
+        f"{WL}:tiny_mlp",
+        ["eager", "eager+bf16"],
+        device="cpu",
+        resume=out,
+        spec_overrides=FAST,
+    )
+    assert os.stat(result_file).st_mtime_ns == stamp  # not re-run
+    assert [t["status"] for t in second["trials"]] == ["ok", "ok"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [t["status"] for t in manifest["trials"]] == ["ok", "ok"]

@@ -1,0 +1,84 @@
+"""Variant spec strings: round trips, canonical forms, and refusals that list the choices."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from torchkiln.variants import PRECISIONS, VariantSpecError, parse_variant
+from torchkiln.variants.builtin import DYNAMIC, INDUCTOR_MODES
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "eager",
+        "inductor",
+        "inductor:mode=max-autotune,dynamic=false+bf16+channels_last",
+        "inductor:mode=reduce-overhead,fullgraph=true,scope=step+fp16",
+        "cudagraphs:scope=step+tf32",
+        "eager+bf16",
+    ],
+)
+def test_canonical_specs_round_trip(spec):
+    v = parse_variant(spec)
+    assert v.spec == spec
+    assert parse_variant(v.spec) == v
+
+
+def test_defaults_are_dropped_from_the_canonical_form():
+    v = parse_variant("inductor:mode=default,dynamic=auto+fp32")
+    assert v.spec == "inductor"
+    assert v.backend.mode == "default" and v.precision == "fp32"
+
+
+@given(
+    mode=st.sampled_from(INDUCTOR_MODES),
+    dynamic=st.sampled_from(DYNAMIC),
+    fullgraph=st.booleans(),
+    scope=st.sampled_from(["model", "step"]),
+    precision=st.sampled_from(PRECISIONS),
+    channels_last=st.booleans(),
+)
+def test_every_inductor_combination_round_trips(
+    mode, dynamic, fullgraph, scope, precision, channels_last
+):
+    text = f"inductor:mode={mode},dynamic={dynamic},fullgraph={str(fullgraph).lower()}"
+    text += f",scope={scope}+{precision}" + ("+channels_last" if channels_last else "")
+    v = parse_variant(text)
+    assert (v.backend.mode, v.backend.dynamic, v.backend.fullgraph) == (mode, dynamic, fullgraph)
+    assert (v.precision, v.channels_last) == (precision, channels_last)
+    assert parse_variant(v.spec) == v
+
+
+@pytest.mark.parametrize(
+    "bad, expect",
+    [
+        ("turbo", "choose from ['cudagraphs', 'eager', 'inductor'"),
+        ("inductor:mode=fast", "'max-autotune-no-cudagraphs'"),
+        ("inductor:dynamic=sometimes", "['auto', 'true', 'false']"),
+        ("inductor:fullgraph=maybe", "['true', 'false']"),
+        ("inductor:speed=11", "unknown parameter 'speed'"),
+        ("inductor:mode", "must be key=value"),
+        ("inductor+int8", "'channels_last'"),
+        ("inductor+bf16+fp16", "more than one precision"),
+        ("", "empty"),
+    ],
+)
+def test_bad_specs_are_refused_with_the_choices(bad, expect):
+    with pytest.raises(VariantSpecError, match=None) as info:
+        parse_variant(bad)
+    assert expect in str(info.value)
+
+
+def test_numerics_changing_policies_are_flagged():
+    assert not parse_variant("inductor").changes_numerics
+    assert parse_variant("inductor+bf16").changes_numerics
+    assert parse_variant("eager+tf32").changes_numerics
+
+
+def test_cudagraphs_needs_cuda():
+    v = parse_variant("cudagraphs")
+    assert "needs a CUDA device" in v.backend.unsupported_reason("cpu")
+    assert v.backend.unsupported_reason("cuda") is None
