@@ -166,6 +166,17 @@ def cmd_variants(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_module_command(sub: argparse._SubParsersAction, name: str, module: str, help: str):
+    """A subcommand whose module provides add_arguments(parser) and run(args) -> int."""
+    import importlib
+
+    mod = importlib.import_module(module)
+    p = sub.add_parser(name, help=help, description=(mod.__doc__ or help).strip().split("\n")[0])
+    mod.add_arguments(p)
+    p.set_defaults(module_run=mod.run)
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kiln", description="Find the fastest correct way to run a PyTorch model."
@@ -174,6 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks for bad input")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_bench(sub)
+    _add_module_command(sub, "doctor", "torchkiln.diagnose.doctor",
+                        "check that this environment can compile and measure")
+    _add_module_command(sub, "explain", "torchkiln.diagnose.explain",
+                        "graph breaks and recompilations of a workload, with fixes")
     sub.add_parser("workloads", help="list the registered workloads")
     sub.add_parser("variants", help="list the backends, their parameters and the policies")
     return parser
@@ -186,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "module_run", None) is not None:
+            return args.module_run(args)
         return COMMANDS[args.command](args)
     except KilnUserError as exc:
         if args.debug:

@@ -1,0 +1,83 @@
+"""Run a kiln module in a fresh Python process with a timeout: a hang becomes a result."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+# src/ (or site-packages/) holding the torchkiln package, so children import this same copy.
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+@dataclass
+class ProcResult:
+    returncode: int | None  # None when it was killed for running past the timeout
+    stdout: str
+    stderr: str
+    timed_out: bool
+    elapsed_s: float
+
+    def tail(self, lines: int = 15) -> str:
+        text = (self.stderr or self.stdout).strip().splitlines()
+        return "\n".join(text[-lines:])
+
+
+def child_env(overrides: Mapping[str, str | None] | None = None) -> dict[str, str]:
+    """The caller's environment, this kiln first on PYTHONPATH, ``overrides`` applied (None
+    removes a variable)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([_PACKAGE_ROOT, *filter(None, [env.get("PYTHONPATH")])])
+    for key, value in (overrides or {}).items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+def run_module(
+    module: str,
+    args: list[str],
+    *,
+    timeout: float,
+    env: Mapping[str, str | None] | None = None,
+    cwd: str | None = None,
+) -> ProcResult:
+    """``python -m module args...``; on timeout the child's whole process group is killed
+    (compile workers included), and whatever it printed so far is returned."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        env=child_env(env),
+        cwd=cwd,
+        text=True,
+        errors="replace",
+        # Own session: Inductor forks compile workers; killing the group ends them too.
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # it exited between the timeout and the kill: nothing left to end
+        out, err = proc.communicate()
+        timed_out = True
+    return ProcResult(
+        returncode=None if timed_out else proc.returncode,
+        stdout=out or "",
+        stderr=err or "",
+        timed_out=timed_out,
+        elapsed_s=time.perf_counter() - start,
+    )
