@@ -29,6 +29,13 @@ from torchkiln.api import TrialEvents, bench  # noqa: E402
 
 
 class Log(TrialEvents):
+    """Prints progress, and rewrites the group's partial results after every trial, so a run
+    stopped by a time limit still leaves what it measured."""
+
+    def __init__(self, partial_path: Path | None = None) -> None:
+        self.partial_path = partial_path
+        self.results: list[dict] = []
+
     def trial_started(self, index, total, spec):
         print(f"  [{time.strftime('%H:%M:%S')}] {spec.variant} ...", flush=True)
 
@@ -69,7 +76,7 @@ def run_group(out: Path, workload: str, step: str, precision: str, args) -> dict
     t0 = time.perf_counter()
     doc = bench(
         workload,
-        [with_precision(m, precision) for m in MODES],
+        [with_precision(m, precision) for m in args.modes.split(",")],
         step=step,
         device=args.device,
         preset=args.preset,
@@ -78,8 +85,9 @@ def run_group(out: Path, workload: str, step: str, precision: str, args) -> dict
         resume=resume,
         timeout_s=args.timeout,
         spec_overrides={"reps": args.reps},
-        events=Log(),
+        events=Log(out / f"{workload}-{step}-{precision}.partial.json"),
     )
+    (out / f"{workload}-{step}-{precision}.partial.json").unlink(missing_ok=True)
     doc["group_wall_s"] = time.perf_counter() - t0
     (out / f"{workload}-{step}-{precision}.json").write_text(json.dumps(doc, indent=2))
     return doc
@@ -194,6 +202,7 @@ def main() -> int:
     p.add_argument("--runs-dir", default=None, help="kiln run directories (default OUT/runs)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--preset", default="full")
+    p.add_argument("--modes", default=",".join(MODES), help="variants before the precision")
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--plain-check", action="store_true")
