@@ -187,7 +187,7 @@ def summary_table(docs: dict) -> list[str]:
                 f"{w:10s} {s:5s} {p:4s} {t['variant']:46s} {t['status']:13s} "
                 f"{t['steady_ms']['median']:8.3f} {sp['median']:6.2f} "
                 f"[{sp['ci95'][0]:.2f},{sp['ci95'][1]:.2f}]{'' if sp['significant'] else '~':1s}"
-                f"{'':5s} {t['first_call_s']:7.1f} {"-" if k is None else str(round(k)):>5} "
+                f"{'':5s} {t['first_call_s']:7.1f} {'-' if k is None else str(round(k)):>5} "
                 f"{mem / 2**30:6.2f}"
             )
     return lines
