@@ -185,10 +185,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks for bad input")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_bench(sub)
-    _add_module_command(sub, "doctor", "torchkiln.diagnose.doctor",
-                        "check that this environment can compile and measure")
-    _add_module_command(sub, "explain", "torchkiln.diagnose.explain",
-                        "graph breaks and recompilations of a workload, with fixes")
+    _add_module_command(
+        sub,
+        "doctor",
+        "torchkiln.diagnose.doctor",
+        "check that this environment can compile and measure",
+    )
+    _add_module_command(
+        sub,
+        "explain",
+        "torchkiln.diagnose.explain",
+        "graph breaks and recompilations of a workload, with fixes",
+    )
+    _add_module_command(
+        sub,
+        "serve-bench",
+        "torchkiln.serve.bench",
+        "replay a request trace: eager, torch.compile, bucketed",
+    )
     sub.add_parser("workloads", help="list the registered workloads")
     sub.add_parser("variants", help="list the backends, their parameters and the policies")
     return parser
