@@ -144,3 +144,23 @@ def test_flatten_tensors_walks_nested_outputs():
     out = {"logits": torch.ones(2), "hidden": (torch.zeros(1), [torch.ones(3)]), "n": 3}
     names = [n for n, _ in corr.flatten_tensors(out)]
     assert names == ["out.logits", "out.hidden[0]", "out.hidden[1][0]"]
+
+
+def test_sixteen_bit_rule_admits_moved_rounding_but_not_a_perturbation():
+    torch.manual_seed(0)
+    ref = torch.randn(4096, dtype=torch.float64) * 25
+    eager = ref + 0.134 * torch.randn(4096, dtype=torch.float64)
+    compiled = ref + 0.281 * torch.randn(4096, dtype=torch.float64)  # 2.1x eager's error
+    perturbed = ref + 0.05 * ref.std() * torch.randn(4096, dtype=torch.float64)
+    m16, f16 = corr.TOLERANCES["bf16"]
+    m32, f32 = corr.TOLERANCES["fp32"]
+    one = lambda t: [("out", t)]  # noqa: E731
+    assert corr.compare(
+        one(compiled), one(eager), one(ref), multiplier=m16, relative_floor=f16
+    ).passed
+    assert not corr.compare(
+        one(compiled), one(eager), one(ref), multiplier=m32, relative_floor=f32
+    ).passed
+    assert not corr.compare(
+        one(perturbed), one(eager), one(ref), multiplier=m16, relative_floor=f16
+    ).passed

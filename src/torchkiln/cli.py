@@ -203,6 +203,14 @@ def build_parser() -> argparse.ArgumentParser:
         "torchkiln.serve.bench",
         "replay a request trace: eager, torch.compile, bucketed",
     )
+    kernels = sub.add_parser("kernels", help="kiln's Triton kernels")
+    ksub = kernels.add_subparsers(dest="kernels_command", required=True)
+    _add_module_command(
+        ksub,
+        "bench",
+        "torchkiln.kernels.bench",
+        "bandwidth of kiln's kernels vs torch and torch.compile on this GPU",
+    )
     sub.add_parser("workloads", help="list the registered workloads")
     sub.add_parser("variants", help="list the backends, their parameters and the policies")
     return parser

@@ -11,10 +11,21 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-MULTIPLIER = 2.0
-# Floor, relative to the RMS of the reference: 1e-4 admits fp32 reassociation (errors ~1e-6 of
-# the scale) but not TF32 (~3e-4) or bf16 (~1e-2) against an fp32 eager reference.
-RELATIVE_FLOOR = 1e-4
+# (multiplier, floor relative to the RMS of the fp64 reference) by the variant's precision.
+# fp32/tf32: 2x eager's own error, as PyTorch's benchmark harness does; the 1e-4 floor admits
+# fp32 reassociation (errors ~1e-6 of the scale) but not TF32 (~3e-4) or bf16 (~1e-2) against an
+# fp32 eager reference. bf16/fp16: 3x plus a 1e-3 floor, because a compiler legitimately moves
+# the points where values are rounded to 16 bits; measured on an H200 (torch 2.11): resnet50
+# inference in bf16, Inductor's logits were 2.1x as far from fp64 as eager bf16's (RMSE 0.281 vs
+# 0.134 on logits of RMS 25, i.e. 1.1% relative), which a 2x rule would wrongly call a failure.
+# A 5% perturbation of the outputs still fails by a wide margin (tests/test_runner.py).
+TOLERANCES = {
+    "fp32": (2.0, 1e-4),
+    "tf32": (2.0, 1e-4),
+    "bf16": (3.0, 1e-3),
+    "fp16": (3.0, 1e-3),
+}
+MULTIPLIER, RELATIVE_FLOOR = TOLERANCES["fp32"]
 
 
 def flatten_tensors(obj: Any, prefix: str = "out") -> list[tuple[str, Any]]:

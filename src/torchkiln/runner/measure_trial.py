@@ -101,7 +101,10 @@ def check_correctness(
         _, tensors = capture(arm, timer, snapshot(arm))
         results.append(tensors)
         del arm
-    report = corr.compare(first, results[0], results[1])
+    multiplier, floor = corr.TOLERANCES[variant.precision]
+    report = corr.compare(
+        first, results[0], results[1], multiplier=multiplier, relative_floor=floor
+    )
     report.note = note
     return report.to_dict()
 

@@ -1,0 +1,205 @@
+"""GPU evidence for kiln's Triton kernels (issue 6): GB/s against eager, torch.compile, copy.
+
+    PYTHONPATH=src python3 benchmarks/bench_kernels.py --out benchmarks/results/kernels
+
+For softmax, masked_softmax and bias_act_scale, forward and backward, fp32 and bf16, on 4096 x N
+rows (N = 256 ... 32768 and 12672): GB/s from triton.testing.do_bench medians, with the bytes each
+operation must read and write (formulas in src/torchkiln/kernels/_cases.py), against eager PyTorch
+and torch.compile of the same expression, and a device-to-device copy measured in the same run.
+Every implementation is checked against an fp32 reference before it is timed.
+
+Writes bench_kernels.json (results + environment) and bench_kernels.png into --out, checks the
+goals, and prints a short table last. Sized to finish within ~6 minutes on one H200: do_bench
+reps are short, and torch.compile arms (one compile per shape) stop starting after --budget-s,
+goal-relevant shapes first, so a slow compiler costs compile numbers, never kiln's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from torchkiln.kernels.bench import KERNELS, format_table, sweep
+
+ROWS = 4096
+COLS = [256, 512, 1024, 2048, 4096, 8192, 12672, 16384, 32768]
+# The issue's goals.
+COPY_GOAL, COPY_GOAL_MIN_N = 0.90, 2048  # forward >= 90% of the copy ceiling for N >= 2048
+COMPILE_GOAL, COMPILE_GOAL_MIN_N = 1.3, 4096  # >= 1.3x torch.compile for N >= 4096
+SCHEMA = "kiln.bench_kernels/1"
+
+
+def _gbps(result: dict, arm: str) -> float | None:
+    return result["arms"].get(arm, {}).get("gbps")
+
+
+def check_goals(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """One verdict per (goal, kernel, direction, dtype): the worst ratio over the sizes it covers.
+
+    A size whose numbers are missing (arm failed, wrong, or skipped for time) fails the goal: an
+    unmeasured point is not a met one.
+    """
+    groups: dict[tuple, list[dict]] = {}
+    for r in doc["results"]:
+        groups.setdefault((r["kernel"], r["direction"], r["dtype"]), []).append(r)
+    verdicts = []
+    for (kernel, direction, dtype), rs in groups.items():
+        goals = [("copy", COPY_GOAL, COPY_GOAL_MIN_N)] if direction == "fwd" else []
+        goals.append(("compile", COMPILE_GOAL, COMPILE_GOAL_MIN_N))
+        for versus, target, min_n in goals:
+            ratios, missing = {}, []
+            for r in rs:
+                if r["cols"] < min_n:
+                    continue
+                kiln = _gbps(r, "kiln")
+                other = doc["copy"][r["copy"]].get("gbps") if versus == "copy" else _gbps(r, versus)
+                if kiln is None or other is None:
+                    missing.append(r["cols"])
+                else:
+                    ratios[r["cols"]] = kiln / other
+            worst_n = min(ratios, key=ratios.get) if ratios else None
+            verdicts.append({
+                "goal": f"kiln >= {target:g}x {versus} for N >= {min_n}",
+                "kernel": kernel, "direction": direction, "dtype": dtype,
+                "worst_ratio": ratios.get(worst_n), "worst_at_n": worst_n,
+                "ratios": ratios, "missing_n": missing,
+                "passed": bool(ratios) and not missing and min(ratios.values()) >= target,
+            })  # fmt: skip
+    return verdicts
+
+
+def plot(doc: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on the GPU machine
+    import matplotlib.pyplot as plt
+
+    kernels = list(dict.fromkeys(r["kernel"] for r in doc["results"]))
+    fig, axes = plt.subplots(len(kernels), 2, figsize=(12, 3.6 * len(kernels)), squeeze=False)
+    colors = {"kiln": "tab:red", "eager": "tab:blue", "compile": "tab:green", "copy": "0.4"}
+    styles = {"fp32": "-", "bf16": "--", "fp16": ":"}
+    for row, kernel in enumerate(kernels):
+        for col, direction in enumerate(("fwd", "bwd")):
+            ax = axes[row][col]
+            for dtype, style in styles.items():
+                rs = [
+                    r
+                    for r in doc["results"]
+                    if (r["kernel"], r["direction"], r["dtype"]) == (kernel, direction, dtype)
+                ]
+                if not rs:
+                    continue
+                ns = [r["cols"] for r in rs]
+                for arm, color in colors.items():
+                    ys = [
+                        doc["copy"][r["copy"]].get("gbps") if arm == "copy" else _gbps(r, arm)
+                        for r in rs
+                    ]
+                    ys = [float("nan") if y is None else y for y in ys]
+                    ax.plot(ns, ys, style, color=color, marker="o", ms=3, label=f"{arm} {dtype}")
+            ax.set_xscale("log", base=2)
+            rows = next(r["rows"] for r in doc["results"] if r["kernel"] == kernel)
+            ax.set_title(f"{kernel} {direction}, {rows} rows")
+            ax.set_xlabel("N (row length)")
+            ax.set_ylabel("GB/s")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7, ncol=2)
+    gpu = (doc["environment"].get("gpu") or {}).get("name", "?")
+    fig.suptitle(f"kiln kernels vs eager, torch.compile and copy on {gpu}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def summary(doc: dict[str, Any]) -> str:
+    """The short table printed last: GB/s at N = 12672 (the issue's reference size, else the
+    largest measured) and each goal's verdict with its worst ratio."""
+    verdicts = {(v["kernel"], v["direction"], v["dtype"], v["goal"]): v for v in doc["goals"]}
+    sizes = {r["cols"] for r in doc["results"]}
+    n_shown = 12672 if 12672 in sizes else max(sizes)
+    head = ["kernel", "dir", "dtype", f"kiln@{n_shown}", "eager", "compile", "copy", "goals"]
+    lines = [head]
+    for r in doc["results"]:
+        if r["cols"] != n_shown:
+            continue
+        key = (r["kernel"], r["direction"], r["dtype"])
+        parts = []
+        for (k, d, t, goal), v in verdicts.items():
+            if (k, d, t) == key:
+                worst = "n/a" if v["worst_ratio"] is None else f"{v['worst_ratio']:.2f}x"
+                tag = "PASS" if v["passed"] else "FAIL"
+                parts.append(f"{tag} {goal.split(' for ')[0]} (worst {worst})")
+        cells = [_gbps(r, a) for a in ("kiln", "eager", "compile")]
+        cells.append(doc["copy"][r["copy"]].get("gbps"))
+        lines.append([*key, *("-" if c is None else f"{c:.0f}" for c in cells), "; ".join(parts)])
+    widths = [max(len(row[i]) for row in lines) for i in range(len(head) - 1)]
+    return "\n".join(
+        "  ".join(c.rjust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
+        for row in lines
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="folder for bench_kernels.json and .png")
+    parser.add_argument("--kernel", nargs="+", choices=KERNELS, default=list(KERNELS))
+    parser.add_argument("--dtype", nargs="+", choices=["fp32", "bf16", "fp16"],
+                        default=["fp32", "bf16"])  # fmt: skip
+    parser.add_argument("--cols", nargs="+", type=int, default=COLS)
+    parser.add_argument("--warmup-ms", type=float, default=5.0)
+    parser.add_argument("--rep-ms", type=float, default=25.0)
+    parser.add_argument("--budget-s", type=float, default=240.0,
+                        help="start no torch.compile arm after this many seconds")  # fmt: skip
+    args = parser.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench_kernels.py measures GPU bandwidth; no CUDA device here.", file=sys.stderr)
+        return 2
+    from torchkiln.measure.environment import collect
+
+    start = time.monotonic()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def log(line: str) -> None:
+        print(f"[{time.monotonic() - start:6.1f}s] {line}", file=sys.stderr, flush=True)
+
+    doc = sweep(args.kernel, ("fwd", "bwd"), args.dtype, ROWS, args.cols,
+                warmup_ms=args.warmup_ms, rep_ms=args.rep_ms,
+                compile_deadline=start + args.budget_s, log=log)  # fmt: skip
+    doc = {
+        "schema": SCHEMA,
+        "environment": collect("cuda"),
+        "config": {"rows": ROWS, "cols": args.cols, "dtypes": args.dtype,
+                   "warmup_ms": args.warmup_ms, "rep_ms": args.rep_ms,
+                   "timer": "triton.testing.do_bench median (L2 flushed between runs)",
+                   "compile": "torch.compile(fullgraph=True, dynamic=False), fresh per shape"},
+        **doc,
+    }  # fmt: skip
+    doc["goals"] = check_goals(doc)
+    doc["elapsed_s"] = time.monotonic() - start
+    (out / "bench_kernels.json").write_text(json.dumps(doc, indent=2) + "\n")
+    try:
+        plot(doc, out / "bench_kernels.png")
+    except ImportError as exc:
+        log(f"no plot: {exc}")
+    print(format_table(doc))
+    print(f"\nwrote {out / 'bench_kernels.json'} and .png in {doc['elapsed_s']:.0f} s\n")
+    print(summary(doc))
+    wrong = [
+        f"{r['kernel']} {r['direction']} {r['dtype']} N={r['cols']}: {r['arms']['kiln']['status']}"
+        for r in doc["results"]
+        if r["arms"]["kiln"].get("status") != "ok"
+    ]
+    for line in wrong:
+        print(f"kiln arm not ok: {line}", file=sys.stderr)
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

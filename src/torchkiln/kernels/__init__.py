@@ -1,0 +1,40 @@
+"""Hand-written Triton kernels for what the compiler does badly, usable in training.
+
+    from torchkiln.kernels import softmax, masked_softmax, bias_act_scale
+
+Four layers per kernel, lowest first: private @triton.jit kernels (`_softmax`, `_bias_act`), the
+launchers beside them, the `kiln::*` torch.library ops with autograd and a CPU implementation
+(`ops`), and this functional API with thin nn.Modules (`functional`, `modules`).
+
+Importing this package imports neither torch nor triton; the names below load on first use. CPU
+tensors need no triton; on a CUDA tensor without triton the call raises MissingExtraError naming
+the `triton` extra.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "softmax": "functional",
+    "masked_softmax": "functional",
+    "bias_act_scale": "functional",
+    "ACTIVATIONS": "functional",
+    "Softmax": "modules",
+    "MaskedSoftmax": "modules",
+    "BiasActScale": "modules",
+    "HAS_TRITON": "ops",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'torchkiln.kernels' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"torchkiln.kernels.{_EXPORTS[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -1,0 +1,233 @@
+"""Row softmax in Triton: layer 1 (private @triton.jit kernels) and layer 2 (launchers).
+
+One forward kernel family serves `softmax` and `masked_softmax` (scale and mask are fused into the
+load; with no mask and scale 1.0 they cost nothing). One backward family serves both, since the
+gradient of softmax(scale * x + mask) with respect to x is scale * y * (dy - sum(dy * y)).
+
+Everything is computed in fp32 and rounded once, on store, to the input dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from torchkiln.kernels._launch import launchable, next_power_of_2
+
+# A row up to this many elements is held in registers by one program: one read, one write. Longer
+# rows take the looped online-softmax kernel, which reads the row twice (the second read may be
+# served from L2; unmeasured, the benchmark stops at 32768). At 32768 elements and 32 warps a
+# thread holds 32 values per tensor: the forward fits in 64 registers without spilling (ptxas -v,
+# sm_90); the masked forward and the backward spill 16-96 bytes per thread there.
+MAX_BLOCK_N = 32768
+# Chunk length of the looped kernels: 4096 elements over 8 warps = 16 per thread per step.
+LOOP_BLOCK_N = 4096
+# Elements one program handles when rows are short: several rows share a program, so a
+# 4096 x 256 softmax runs 512 programs of 8 rows rather than 4096 with idle lanes. 2048 below
+# 1024 columns: at 16 rows x 256 the masked kernel needed 198 registers (ptxas, sm_90), 80 at 8.
+ROW_TILE_SHORT, ROW_TILE = 2048, 4096
+
+MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
+
+
+@triton.jit
+def _finite(v):
+    # exp(z - max) with max == -inf would be exp(nan); a row with no finite score uses 0 instead,
+    # which makes every exp() of it exactly 0.
+    return tl.where(v == float("-inf"), 0.0, v)
+
+
+@triton.jit
+def _inverse(denom, SAFE: tl.constexpr):
+    if SAFE:
+        # masked_softmax: a row with nothing to attend to gives zeros, not 0/0.
+        inv = tl.where(denom > 0.0, 1.0 / tl.where(denom > 0.0, denom, 1.0), 0.0)
+    else:
+        # softmax: same NaN as torch.softmax for a row of -inf.
+        inv = 1.0 / denom
+    return inv
+
+
+@triton.jit
+def _mask_row_offset(row, H, Q, smb, smh, smq):
+    # Rows are flattened [batch, heads, q]; the mask is addressed through its (broadcast) strides,
+    # so a [B, 1, 1, K] padding mask is read once per batch from L2 instead of being expanded.
+    return (row // (H * Q)) * smb + ((row // Q) % H) * smh + (row % Q) * smq
+
+
+@triton.jit
+def _scores(x_ptrs, m_ptrs, inb, col_ok, scale, MASK_KIND: tl.constexpr):
+    # scale * x (+ mask) in fp32; -inf past the row's end and where a bool mask is False.
+    # Padding rows of the last block (past M) load as finite zeros, not -inf, so no lane ever
+    # divides by zero there (they are never stored).
+    z = tl.load(x_ptrs, mask=inb, other=0.0).to(tl.float32) * scale
+    if MASK_KIND == 1:
+        keep = tl.load(m_ptrs, mask=inb, other=1) != 0
+        z = tl.where(keep, z, float("-inf"))
+    elif MASK_KIND == 2:
+        z = z + tl.load(m_ptrs, mask=inb, other=0.0).to(tl.float32)
+    return tl.where(col_ok, z, float("-inf"))
+
+
+# Addressing: a 64-bit base pointer per row plus 32-bit column offsets. Building a 64-bit offset
+# per element instead costs two registers each; at 32768 fp32 per row and 32 warps that spilled
+# ~500 bytes per thread (ptxas -v, sm_90) where this layout spills none.
+
+
+@triton.jit
+def _softmax_fwd_block(
+    x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale,
+    MASK_KIND: tl.constexpr, SAFE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols[None, :] < N
+    inb = (rows[:, None] < M) & col_ok
+    row_start = (rows.to(tl.int64) * N)[:, None]
+    m_ptrs = (m_ptr + _mask_row_offset(rows.to(tl.int64), H, Q, smb, smh, smq))[:, None]
+    m_ptrs = m_ptrs + cols[None, :] * smk
+    z = _scores(x_ptr + row_start + cols[None, :], m_ptrs, inb, col_ok, scale, MASK_KIND)
+    row_max = _finite(tl.max(z, axis=1))
+    e = tl.exp(z - row_max[:, None])
+    inv = _inverse(tl.sum(e, axis=1), SAFE)
+    y = (e * inv[:, None]).to(y_ptr.dtype.element_ty)
+    tl.store(y_ptr + row_start + cols[None, :], y, mask=inb)
+
+
+@triton.jit
+def _softmax_fwd_loop(
+    x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale,
+    MASK_KIND: tl.constexpr, SAFE: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * N
+    y_row = y_ptr + row * N
+    m_row = m_ptr + _mask_row_offset(row, H, Q, smb, smh, smq)
+    # Online softmax kept per lane (a running max and a sum rescaled to it), reduced once at the
+    # end: one pass to find max and sum, a second to write.
+    run_max = tl.full([BLOCK_N], float("-inf"), tl.float32)
+    run_sum = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        inb = cols < N
+        z = _scores(x_row + cols, m_row + cols * smk, inb, inb, scale, MASK_KIND)
+        new_max = tl.maximum(run_max, z)
+        safe_max = _finite(new_max)
+        run_sum = run_sum * tl.exp(run_max - safe_max) + tl.exp(z - safe_max)
+        run_max = new_max
+    row_max = _finite(tl.max(run_max, axis=0))
+    inv = _inverse(tl.sum(run_sum * tl.exp(run_max - row_max), axis=0), SAFE)
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        inb = cols < N
+        z = _scores(x_row + cols, m_row + cols * smk, inb, inb, scale, MASK_KIND)
+        y = tl.exp(z - row_max) * inv
+        tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=inb)
+
+
+@triton.jit
+def _softmax_bwd_block(
+    y_ptr, dy_ptr, dx_ptr, M, N, scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)[None, :]
+    inb = (rows[:, None] < M) & (cols < N)
+    row_start = (rows.to(tl.int64) * N)[:, None]
+    y = tl.load(y_ptr + row_start + cols, mask=inb, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + row_start + cols, mask=inb, other=0.0).to(tl.float32)
+    dot = tl.sum(y * dy, axis=1)
+    dx = y * (dy - dot[:, None]) * scale
+    tl.store(dx_ptr + row_start + cols, dx.to(dx_ptr.dtype.element_ty), mask=inb)
+
+
+@triton.jit
+def _softmax_bwd_loop(y_ptr, dy_ptr, dx_ptr, M, N, scale, BLOCK_N: tl.constexpr):
+    row_start = tl.program_id(0).to(tl.int64) * N
+    y_row, dy_row, dx_row = y_ptr + row_start, dy_ptr + row_start, dx_ptr + row_start
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        inb = cols < N
+        y = tl.load(y_row + cols, mask=inb, other=0.0).to(tl.float32)
+        dy = tl.load(dy_row + cols, mask=inb, other=0.0).to(tl.float32)
+        acc += y * dy
+    dot = tl.sum(acc, axis=0)
+    for start in range(0, N, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        inb = cols < N
+        y = tl.load(y_row + cols, mask=inb, other=0.0).to(tl.float32)
+        dy = tl.load(dy_row + cols, mask=inb, other=0.0).to(tl.float32)
+        dx = y * (dy - dot) * scale
+        tl.store(dx_row + cols, dx.to(dx_ptr.dtype.element_ty), mask=inb)
+
+
+def block_config(n_cols: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) of the single-block kernels for rows of `n_cols` elements.
+
+    16 elements per thread (32 at the 32768 cap): enough independent 16-byte loads in flight to
+    cover DRAM latency without spilling; 32 warps is the most a program can have.
+    """
+    block_n = next_power_of_2(n_cols)
+    block_m = max(1, (ROW_TILE_SHORT if block_n < 1024 else ROW_TILE) // block_n)
+    num_warps = min(32, max(4, block_m * block_n // 512))
+    return block_m, block_n, num_warps
+
+
+def softmax_forward(
+    x: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    scale: float = 1.0,
+    safe: bool = False,
+    max_block_n: int = MAX_BLOCK_N,
+) -> torch.Tensor:
+    """softmax(scale * x + mask) over the last dim of a contiguous `x`.
+
+    `mask` is None, or a 4-D view already expanded to x's [B, H, Q, K] shape (zero strides where
+    it broadcasts), bool (True = keep) or floating (added). `safe` gives zeros for rows with no
+    finite score. `max_block_n` lets tests reach the looped kernel with short rows.
+    """
+    n = x.shape[-1]
+    y = torch.empty_like(x)
+    if x.numel() == 0:
+        return y
+    m = x.numel() // n
+    if mask is None:
+        kind, m_arg, h, q, strides = MASK_NONE, x, 1, 1, (0, 0, 0, 0)
+    else:
+        kind = MASK_BOOL if mask.dtype == torch.bool else MASK_ADD
+        m_arg, h, q, strides = mask, mask.shape[1], mask.shape[2], tuple(mask.stride())
+    common = (x, y, m_arg, m, n, h, q, *strides, float(scale))
+    if n <= max_block_n:
+        block_m, block_n, num_warps = block_config(n)
+        launchable(_softmax_fwd_block)[(triton.cdiv(m, block_m),)](
+            *common, MASK_KIND=kind, SAFE=safe, BLOCK_M=block_m, BLOCK_N=block_n,
+            num_warps=num_warps,
+        )  # fmt: skip
+    else:
+        launchable(_softmax_fwd_loop)[(m,)](
+            *common, MASK_KIND=kind, SAFE=safe, BLOCK_N=min(LOOP_BLOCK_N, max_block_n),
+            num_warps=8,
+        )  # fmt: skip
+    return y
+
+
+def softmax_backward(
+    y: torch.Tensor, dy: torch.Tensor, scale: float = 1.0, max_block_n: int = MAX_BLOCK_N
+) -> torch.Tensor:
+    """scale * y * (dy - sum(dy * y)) row by row; `y` and `dy` contiguous, same shape and dtype."""
+    n = y.shape[-1]
+    dx = torch.empty_like(y)
+    if y.numel() == 0:
+        return dx
+    m = y.numel() // n
+    if n <= max_block_n:
+        block_m, block_n, num_warps = block_config(n)
+        launchable(_softmax_bwd_block)[(triton.cdiv(m, block_m),)](
+            y, dy, dx, m, n, float(scale), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps
+        )
+    else:
+        launchable(_softmax_bwd_loop)[(m,)](
+            y, dy, dx, m, n, float(scale), BLOCK_N=min(LOOP_BLOCK_N, max_block_n), num_warps=8
+        )
+    return dx

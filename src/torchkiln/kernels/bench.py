@@ -1,0 +1,236 @@
+"""`kiln kernels bench`: GB/s of kiln's kernels against eager, torch.compile and a device copy.
+
+Every implementation is checked against an fp32 reference before it is timed; one that computes
+something else is reported, not timed. Times are `triton.testing.do_bench` medians (it flushes L2
+between runs), GB/s is the operation's compulsory traffic over that time (see _cases for the byte
+counts), and the copy ceiling is `dst.copy_(src)` of one input, measured in the same run.
+torch.compile's first call (its compile time) is recorded apart and never timed with the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+# Plain names so that building the CLI parser imports neither torch nor triton.
+KERNELS = ("softmax", "masked_softmax", "bias_act_scale")
+DIRECTIONS = ("fwd", "bwd")
+DTYPE_NAMES = ("fp32", "bf16", "fp16")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `kiln kernels bench`."""
+    parser.add_argument(
+        "--kernel",
+        nargs="+",
+        choices=KERNELS,
+        default=list(KERNELS),
+        help="kernels to measure (default: all)",
+    )
+    parser.add_argument(
+        "--dtype",
+        nargs="+",
+        choices=DTYPE_NAMES,
+        default=["fp32", "bf16"],
+        help="dtypes (default: fp32 bf16)",
+    )
+    parser.add_argument(
+        "--direction",
+        nargs="+",
+        choices=DIRECTIONS,
+        default=list(DIRECTIONS),
+        help="forward and/or backward (default: both)",
+    )
+    parser.add_argument("--rows", type=int, default=4096, help="rows M of each M x N input")
+    parser.add_argument(
+        "--cols",
+        type=int,
+        nargs="+",
+        default=[1024, 4096, 12672],
+        help="row lengths N (default: 1024 4096 12672)",
+    )
+    parser.add_argument(
+        "--no-compile", action="store_true", help="skip torch.compile (it compiles once per shape)"
+    )
+    parser.add_argument(
+        "--rep-ms", type=float, default=50.0, help="do_bench repetition time per measurement, ms"
+    )
+    parser.add_argument("--json", dest="json_path", help="also write the results here")
+
+
+def _do_bench(fn: Callable[[], Any], warmup_ms: float, rep_ms: float) -> dict[str, float]:
+    from triton.testing import do_bench
+
+    median, p20, p80 = do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
+    return {"ms": median, "ms_p20": p20, "ms_p80": p80}
+
+
+def copy_ceiling(
+    dtype_name: str, rows: int, cols: int, warmup_ms: float, rep_ms: float, device: str = "cuda"
+) -> dict:
+    """Device-to-device copy of one M x N input: the bandwidth any kernel here can hope for."""
+    import torch
+
+    from torchkiln.kernels._cases import DTYPES
+
+    src = torch.randn(rows, cols, device=device).to(DTYPES[dtype_name])
+    dst = torch.empty_like(src)
+    timing = _do_bench(lambda: dst.copy_(src), warmup_ms, rep_ms)
+    nbytes = 2 * src.numel() * src.element_size()
+    return {**timing, "bytes": nbytes, "gbps": nbytes / (timing["ms"] * 1e-3) / 1e9}
+
+
+def _measure_arm(case: Any, fn: Callable[[], Any], warmup_ms: float, rep_ms: float) -> dict:
+    from torchkiln.kernels._cases import CHECK_TOL, max_error
+
+    try:
+        err = max_error(fn(), case.reference)
+    except Exception as exc:  # noqa: BLE001 - a failing arm is a reported status, not the end
+        return {"status": f"error: {type(exc).__name__}: {exc}"[:500]}
+    entry: dict[str, Any] = {"max_error": err}
+    if not err <= CHECK_TOL[case.dtype]:
+        entry["status"] = f"wrong result (error {err:.3g} > {CHECK_TOL[case.dtype]:g}), not timed"
+        return entry
+    entry.update(_do_bench(fn, warmup_ms, rep_ms), status="ok")
+    entry["gbps"] = case.bytes / (entry["ms"] * 1e-3) / 1e9
+    return entry
+
+
+def _measure_compile(case: Any, warmup_ms: float, rep_ms: float) -> dict[str, Any]:
+    import torch
+
+    # A fresh compile per shape, static shapes (the best Inductor can do for one size), and no
+    # fallback: fullgraph=True fails loudly rather than timing eager by mistake.
+    torch._dynamo.reset()
+    compiled = torch.compile(case.eager, fullgraph=True, dynamic=False)
+    start = time.perf_counter()
+    try:
+        compiled(*case.args)
+        if case.device == "cuda":
+            torch.cuda.synchronize()
+    except Exception as exc:  # noqa: BLE001 - a compile failure is a reported status
+        return {"status": f"compile error: {type(exc).__name__}: {exc}"[:500]}
+    compile_s = time.perf_counter() - start
+    entry = _measure_arm(case, lambda: compiled(*case.args), warmup_ms, rep_ms)
+    return {**entry, "compile_s": compile_s}
+
+
+def sweep(
+    kernels: Iterable[str],
+    directions: Iterable[str],
+    dtypes: Iterable[str],
+    rows: int,
+    cols: Iterable[int],
+    *,
+    with_compile: bool = True,
+    warmup_ms: float = 10.0,
+    rep_ms: float = 50.0,
+    compile_deadline: float | None = None,
+    log: Callable[[str], None] = lambda line: None,
+    device: str = "cuda",
+) -> dict[str, Any]:
+    """Measure every (kernel, direction, dtype, N); torch.compile last, so that a time budget
+    (`compile_deadline`, a time.monotonic() value) cuts compile arms, never kiln's numbers.
+    `device` other than cuda only serves the tests of this instrument."""
+    import torch
+
+    from torchkiln.kernels._cases import DTYPES, build
+
+    specs = [(k, d, t, n) for k in kernels for d in directions for t in dtypes for n in cols]
+    copies: dict[str, dict] = {}
+    results = []
+    for kernel, direction, dtype, n in specs:
+        key = f"{dtype} {rows}x{n}"
+        if key not in copies:
+            copies[key] = copy_ceiling(dtype, rows, n, warmup_ms, rep_ms, device)
+        case = build(kernel, direction, DTYPES[dtype], rows, n, device)
+        arms = {
+            "kiln": _measure_arm(case, case.kiln, warmup_ms, rep_ms),
+            "eager": _measure_arm(case, lambda c=case: c.eager(*c.args), warmup_ms, rep_ms),
+        }
+        results.append({"kernel": kernel, "direction": direction, "dtype": dtype, "rows": rows,
+                        "cols": n, "bytes": case.bytes, "copy": key, "arms": arms})  # fmt: skip
+        log(f"{case.name}: kiln {_gbps(arms['kiln'])} GB/s, eager {_gbps(arms['eager'])}")
+        del case
+    if with_compile:
+        # Sizes the goals judge (N >= 4096) first, forward before backward: if the budget runs
+        # out it costs the least informative compile numbers.
+        for r in sorted(results, key=lambda r: (r["cols"] < 4096, r["direction"] != "fwd")):
+            if compile_deadline is not None and time.monotonic() > compile_deadline:
+                r["arms"]["compile"] = {"status": "skipped: out of time budget"}
+                continue
+            case = build(r["kernel"], r["direction"], DTYPES[r["dtype"]], rows, r["cols"], device)
+            r["arms"]["compile"] = _measure_compile(case, warmup_ms, rep_ms)
+            log(f"{case.name}: torch.compile {_gbps(r['arms']['compile'])} GB/s")
+            del case
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return {"results": results, "copy": copies}
+
+
+def _gbps(arm: dict | None) -> str:
+    if not arm or arm.get("gbps") is None:
+        return (arm or {}).get("status", "-").split(":")[0]
+    return f"{arm['gbps']:.0f}"
+
+
+def _ratio(a: dict | None, b: dict | None) -> str:
+    if not a or not b or a.get("gbps") is None or b.get("gbps") is None:
+        return "-"
+    return f"{a['gbps'] / b['gbps']:.2f}x"
+
+
+def format_table(doc: dict[str, Any]) -> str:
+    """One line per measurement: GB/s of each implementation and kiln's ratios to them."""
+    head = ["kernel", "dir", "dtype", "M x N", "kiln", "eager", "compile", "copy",
+            "kiln/copy", "kiln/eager", "kiln/compile"]  # fmt: skip
+    lines = [head]
+    for r in doc["results"]:
+        arms, copy = r["arms"], doc["copy"].get(r["copy"])
+        kiln = arms.get("kiln")
+        pct = f"{100 * kiln['gbps'] / copy['gbps']:.0f}%" if kiln and "gbps" in kiln else "-"
+        lines.append([r["kernel"], r["direction"], r["dtype"], f"{r['rows']}x{r['cols']}",
+                      _gbps(kiln), _gbps(arms.get("eager")), _gbps(arms.get("compile")),
+                      _gbps(copy), pct, _ratio(kiln, arms.get("eager")),
+                      _ratio(kiln, arms.get("compile"))])  # fmt: skip
+    widths = [max(len(str(row[i])) for row in lines) for i in range(len(head))]
+    text = ["  ".join(str(c).rjust(w) for c, w in zip(row, widths, strict=True)) for row in lines]
+    text.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(text) + "\n(GB/s; each kernel's compulsory bytes over its do_bench median)"
+
+
+def run(args: argparse.Namespace) -> int:
+    """`kiln kernels bench`: 0 on success, 2 when there is no GPU or no triton to measure."""
+    if args.rows < 1 or min(args.cols) < 1:
+        print(f"--rows and --cols must be >= 1 (got {args.rows} and {args.cols})", file=sys.stderr)
+        return 2
+    import torch
+
+    if not torch.cuda.is_available():
+        print(
+            "kiln kernels bench measures the Triton kernels' bandwidth on a CUDA GPU, and "
+            "torch.cuda.is_available() is False here. (On CPU the kernels run as plain PyTorch; "
+            "there is nothing of theirs to benchmark.)",
+            file=sys.stderr,
+        )
+        return 2
+    from torchkiln.errors import MissingExtraError
+    from torchkiln.kernels.ops import HAS_TRITON
+
+    if not HAS_TRITON:
+        print(MissingExtraError("triton", "triton", "kiln kernels bench"), file=sys.stderr)
+        return 2
+    print(f"{torch.cuda.get_device_name()}: {args.rows} rows, do_bench {args.rep_ms:g} ms each",
+          file=sys.stderr)  # fmt: skip
+    doc = sweep(args.kernel, args.direction, args.dtype, args.rows, args.cols,
+                with_compile=not args.no_compile, rep_ms=args.rep_ms,
+                log=lambda line: print(line, file=sys.stderr))  # fmt: skip
+    print(format_table(doc))
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(doc, indent=2) + "\n")
+    return 0

@@ -1,0 +1,156 @@
+"""The bandwidth instrument behind `kiln kernels bench` and benchmarks/bench_kernels.py, on CPU.
+
+Timing itself needs a GPU (do_bench); here a fixed fake timer stands in, so what is checked is
+what surrounds it: each case's three implementations agree with the reference, byte counts follow
+the documented formulas, a wrong implementation is reported and not timed, and the goals logic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from torchkiln.kernels import _cases, bench
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def fake_timer(monkeypatch):
+    calls = []
+
+    def do_bench(fn, warmup_ms, rep_ms):
+        fn()
+        calls.append(fn)
+        return {"ms": 2.0, "ms_p20": 1.9, "ms_p80": 2.1}
+
+    monkeypatch.setattr(bench, "_do_bench", do_bench)
+    return calls
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_parser_offers_the_registered_kernels():
+    args = _parse(["--kernel", "softmax", "bias_act_scale", "--dtype", "bf16", "--cols", "256"])
+    assert args.kernel == ["softmax", "bias_act_scale"] and args.dtype == ["bf16"]
+    assert _parse([]).kernel == list(_cases.KERNELS)
+    with pytest.raises(SystemExit):
+        _parse(["--kernel", "layernorm"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="there is a GPU here to benchmark")
+def test_bench_without_gpu_says_so_and_returns_2(capsys):
+    assert bench.run(_parse([])) == 2
+    assert "CUDA GPU" in capsys.readouterr().err
+
+
+def test_sweep_checks_and_counts_bytes(fake_timer):
+    doc = bench.sweep(bench.KERNELS, bench.DIRECTIONS, ["fp32", "bf16"], 64, [200],
+                      with_compile=False, device="cpu")  # fmt: skip
+    s = {"fp32": 4, "bf16": 2}
+    mask_bytes = (64 // _cases.HEADS) * 200  # a bool [1, 1, Q, K] mask, read once
+    formulas = {
+        ("softmax", "fwd"): lambda s: 2 * 64 * 200 * s,
+        ("softmax", "bwd"): lambda s: 3 * 64 * 200 * s,
+        ("masked_softmax", "fwd"): lambda s: 2 * 64 * 200 * s + mask_bytes,
+        ("masked_softmax", "bwd"): lambda s: 3 * 64 * 200 * s,
+        ("bias_act_scale", "fwd"): lambda s: 2 * 64 * 200 * s + 200 * s,
+        ("bias_act_scale", "bwd"): lambda s: 3 * 64 * 200 * s + 2 * 200 * s,
+    }
+    assert len(doc["results"]) == 12
+    for r in doc["results"]:
+        assert r["bytes"] == formulas[r["kernel"], r["direction"]](s[r["dtype"]]), r
+        for arm in ("kiln", "eager"):
+            entry = r["arms"][arm]
+            assert entry["status"] == "ok", (r["kernel"], r["direction"], arm, entry)
+            assert entry["gbps"] == pytest.approx(r["bytes"] / 2e-3 / 1e9)
+    assert set(doc["copy"]) == {"fp32 64x200", "bf16 64x200"}
+    table = bench.format_table(doc)
+    assert "masked_softmax" in table and "kiln/compile" in table
+
+
+def test_wrong_result_is_reported_and_not_timed(fake_timer, monkeypatch):
+    real_build = _cases.build
+
+    def broken_build(*args, **kwargs):
+        case = real_build(*args, **kwargs)
+        case.kiln = lambda: torch.zeros_like(case.reference)
+        return case
+
+    monkeypatch.setattr(_cases, "build", broken_build)
+    doc = bench.sweep(["softmax"], ["fwd"], ["fp32"], 8, [16], with_compile=False, device="cpu")
+    kiln = doc["results"][0]["arms"]["kiln"]
+    assert kiln["status"].startswith("wrong result") and "gbps" not in kiln
+    assert doc["results"][0]["arms"]["eager"]["status"] == "ok"
+
+
+def _bench_script():
+    spec = importlib.util.spec_from_file_location(
+        "bench_kernels", ROOT / "benchmarks/bench_kernels.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_goals_use_the_worst_size_and_fail_on_missing_numbers():
+    script = _bench_script()
+
+    def result(n, kiln, compile_gbps):
+        arms = {"kiln": {"gbps": kiln}, "compile": {"gbps": compile_gbps}}
+        if compile_gbps is None:
+            arms["compile"] = {"status": "skipped: out of time budget"}
+        return {"kernel": "softmax", "direction": "fwd", "dtype": "fp32", "cols": n,
+                "copy": f"fp32 4096x{n}", "arms": arms}  # fmt: skip
+
+    copy = {f"fp32 4096x{n}": {"gbps": 4000.0} for n in (1024, 2048, 4096, 8192)}
+    doc = {"copy": copy, "results": [
+        result(1024, 1000.0, 900.0),  # below both goals' sizes: ignored
+        result(2048, 3700.0, 3000.0),  # 92.5% of copy
+        result(4096, 3800.0, 2000.0),  # 1.9x compile
+        result(8192, 3900.0, 3500.0),  # 1.11x compile: the worst
+    ]}  # fmt: skip
+    goals = {g["goal"].split(" for ")[0]: g for g in script.check_goals(doc)}
+    assert goals["kiln >= 0.9x copy"]["passed"]
+    assert goals["kiln >= 0.9x copy"]["worst_at_n"] == 2048
+    compile_goal = goals["kiln >= 1.3x compile"]
+    assert not compile_goal["passed"] and compile_goal["worst_at_n"] == 8192
+    assert compile_goal["worst_ratio"] == pytest.approx(3900 / 3500)
+
+    doc["results"][3] = result(8192, 3900.0, None)  # compile skipped for time
+    compile_goal = {g["goal"]: g for g in script.check_goals(doc)}[
+        "kiln >= 1.3x compile for N >= 4096"
+    ]
+    assert compile_goal["missing_n"] == [8192] and not compile_goal["passed"]
+
+
+def _script_doc(script):
+    doc = bench.sweep(bench.KERNELS, bench.DIRECTIONS, ["fp32"], 64, [2048, 4096],
+                      with_compile=False, device="cpu")  # fmt: skip
+    doc["environment"] = {"gpu": {"name": "test"}}
+    doc["goals"] = script.check_goals(doc)
+    return doc
+
+
+def test_script_summary_gives_every_goal_verdict(fake_timer):
+    script = _bench_script()
+    text = script.summary(_script_doc(script))
+    # One line per (kernel, direction) at the largest size, each with its goals' verdicts; with
+    # no torch.compile numbers the compile goal cannot pass.
+    assert len(text.splitlines()) == 1 + 6 and "kiln@4096" in text
+    assert "FAIL kiln >= 1.3x compile (worst n/a)" in text
+
+
+def test_script_plot(fake_timer, tmp_path):
+    pytest.importorskip("matplotlib")
+    script = _bench_script()
+    script.plot(_script_doc(script), tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").stat().st_size > 0

@@ -1,0 +1,109 @@
+"""The kernels compile for the GPU (sm_90, an H100/H200) without one: Triton's front end, its
+LLVM passes and ptxas all run on the CPU. This catches what the interpreter cannot (types, layouts,
+constexpr handling in the real compiler), and checks the widest softmax blocks do not spill.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+
+import pytest
+
+triton = pytest.importorskip("triton")
+compiler = pytest.importorskip("triton.compiler")
+backends = pytest.importorskip("triton.backends.compiler")
+
+from torchkiln.kernels import _bias_act, _softmax  # noqa: E402
+
+SM90 = backends.GPUTarget("cuda", 90, 32)
+ROW_ARGS = {"M": "i32", "N": "i32"}
+MASK_ARGS = {"m_ptr": "*i1", "H": "i32", "Q": "i32", "smb": "i32", "smh": "i32", "smq": "i32",
+             "smk": "i32", "scale": "fp32"}  # fmt: skip
+
+
+def _compile(kernel, signature: dict, constexprs: dict, num_warps: int):
+    types = {**signature, **{name: "constexpr" for name in constexprs}}
+    source = compiler.ASTSource(kernel, {k: types[k] for k in kernel.arg_names}, constexprs)
+    return triton.compile(source, target=SM90, options={"num_warps": num_warps})
+
+
+def _ptxas_spills(compiled) -> int:
+    """Bytes spilled per thread, from `ptxas -v` on the kernel's PTX."""
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/ptxas")
+    if not os.path.exists(ptxas):
+        pytest.skip("triton's bundled ptxas is not present")
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(compiled.asm["ptx"])
+    try:
+        out = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", os.devnull],
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    finally:
+        os.unlink(f.name)
+    assert out.returncode == 0, out.stderr
+    return sum(int(n) for n in re.findall(r"(\d+) bytes spill stores", out.stderr))
+
+
+def _softmax_fwd(dtype: str, n: int, mask_kind: int):
+    block_m, block_n, num_warps = _softmax.block_config(n)
+    signature = {"x_ptr": f"*{dtype}", "y_ptr": f"*{dtype}", **ROW_ARGS, **MASK_ARGS}
+    consts = {
+        "MASK_KIND": mask_kind,
+        "SAFE": mask_kind != 0,
+        "BLOCK_M": block_m,
+        "BLOCK_N": block_n,
+    }
+    return _compile(_softmax._softmax_fwd_block, signature, consts, num_warps)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("n", [256, 4096, 32768])
+def test_softmax_forward_compiles_without_spills(dtype, n):
+    # The forward is what the bandwidth goal judges; a spill there costs local-memory traffic.
+    assert _ptxas_spills(_softmax_fwd(dtype, n, mask_kind=0)) == 0
+
+
+@pytest.mark.parametrize("mask_kind", [1, 2])
+def test_masked_softmax_forward_compiles(mask_kind):
+    assert ".entry _softmax_fwd_block" in _softmax_fwd("fp16", 12672, mask_kind).asm["ptx"]
+
+
+def test_looped_and_backward_kernels_compile():
+    bwd = {"y_ptr": "*bf16", "dy_ptr": "*bf16", "dx_ptr": "*bf16", **ROW_ARGS, "scale": "fp32"}
+    block_m, block_n, warps = _softmax.block_config(12672)
+    _compile(_softmax._softmax_bwd_block, bwd, {"BLOCK_M": block_m, "BLOCK_N": block_n}, warps)
+    _compile(_softmax._softmax_bwd_loop, bwd, {"BLOCK_N": _softmax.LOOP_BLOCK_N}, 8)
+    fwd = {"x_ptr": "*fp32", "y_ptr": "*fp32", **ROW_ARGS, **MASK_ARGS, "m_ptr": "*fp32"}
+    consts = {"MASK_KIND": 2, "SAFE": True, "BLOCK_N": _softmax.LOOP_BLOCK_N}
+    _compile(_softmax._softmax_fwd_loop, fwd, consts, 8)
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu"])
+def test_bias_act_kernels_compile_without_spills(act):
+    fwd = {"x_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*bf16", **ROW_ARGS, "scale": "fp32"}
+    block_m, block_n, warps = _bias_act.tile_config(12672, _bias_act.FWD_TILE)
+    consts = {"ACT": _bias_act.ACT_CODES[act], "BLOCK_M": block_m, "BLOCK_N": block_n}
+    assert _ptxas_spills(_compile(_bias_act._bias_act_fwd, fwd, consts, warps)) == 0
+    bwd = {"x_ptr": "*fp32", "b_ptr": "*fp32", "dy_ptr": "*fp32", "dx_ptr": "*fp32",
+           "db_partial_ptr": "*fp32", **ROW_ARGS, "rows_per_prog": "i32",
+           "scale": "fp32"}  # fmt: skip
+    block_m, block_n, warps = _bias_act.tile_config(12672, _bias_act.BWD_TILE)
+    consts = {"ACT": _bias_act.ACT_CODES[act], "BLOCK_M": block_m, "BLOCK_N": block_n}
+    assert _ptxas_spills(_compile(_bias_act._bias_act_bwd, bwd, consts, warps)) == 0
+
+
+def test_block_configs_hold_16_values_per_thread():
+    block_config, tile_config = _softmax.block_config, _bias_act.tile_config
+    # (BLOCK_M, BLOCK_N, num_warps): short rows share a program, 16 values per thread (32 at the
+    # widest block, where 32 warps is the most a program can have).
+    assert block_config(1) == (2048, 1, 4)
+    assert block_config(256) == (8, 256, 4)
+    assert block_config(781) == (4, 1024, 8)
+    assert block_config(12672) == (1, 16384, 32)
+    assert block_config(32768) == (1, 32768, 32)
+    # bias_act: 16 values per thread forward, 8 backward, tiles of at most 8 rows.
+    assert tile_config(256, _bias_act.FWD_TILE) == (8, 256, 4)
+    assert tile_config(12672, _bias_act.FWD_TILE) == (4, 1024, 8)
+    assert tile_config(12672, _bias_act.BWD_TILE) == (2, 1024, 8)

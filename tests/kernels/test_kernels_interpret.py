@@ -1,0 +1,124 @@
+"""The Triton kernels' numerics on CPU through Triton's interpreter (TRITON_INTERPRET=1).
+
+The launchers are called directly, in a worker process (the `interpreted` fixture): the ops send
+CPU tensors to their plain-PyTorch implementation, so this is where the kernels themselves are
+checked without a GPU. Sizes stay small because the interpreter runs every program in numpy.
+"""
+
+from __future__ import annotations
+
+import kernels_reference
+import pytest
+import torch
+from kernels_reference import (
+    DTYPES,
+    GELU_ATOL,
+    MASK_KINDS,
+    SHAPES,
+    bias_act_backward_ref,
+    bias_act_ref,
+    dtype_id,
+    make_mask,
+    masked_softmax_ref,
+    softmax_backward_ref,
+    softmax_ref,
+    sum_atol,
+)
+
+
+def assert_close(got, ref, dtype, what, atol=0.0):
+    # The interpreter truncates fp32 -> bf16 (see kernels_reference): one full bf16 ulp allowed.
+    kernels_reference.assert_close(got, ref, dtype, what, interpreter=True, atol=atol)
+
+
+# Row-length cap that sends 781- and 129-long rows through the looped online-softmax kernels in
+# chunks of 128, with a partial last chunk.
+LOOPED = 128
+
+
+def _randn(shape, dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=gen) * 3).to(dtype)
+
+
+@pytest.mark.parametrize("path", ["block", "looped"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_softmax_kernels_match_reference(interpreted, shape, dtype, path):
+    cap = {} if path == "block" else {"max_block_n": LOOPED}
+    x = _randn(shape, dtype)
+    y = interpreted("_softmax", "softmax_forward", x, **cap)
+    assert y.dtype == dtype
+    assert_close(y, softmax_ref(x), dtype, "softmax forward")
+    dy = _randn(shape, dtype, seed=1)
+    dx = interpreted("_softmax", "softmax_backward", y, dy, 0.5, **cap)
+    assert_close(dx, softmax_backward_ref(y, dy, 0.5), dtype, "softmax backward")
+
+
+def test_softmax_kernel_row_of_neg_inf_is_nan_like_torch(interpreted):
+    x = torch.zeros(3, 40)
+    x[1] = float("-inf")
+    for cap in ({}, {"max_block_n": 16}):
+        y = interpreted("_softmax", "softmax_forward", x, **cap)
+        assert torch.isnan(y[1]).all()
+        torch.testing.assert_close(y[[0, 2]], torch.full((2, 40), 1 / 40))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("kind", MASK_KINDS)
+def test_masked_softmax_kernel_matches_reference(interpreted, kind, dtype):
+    shape = (3, 5, 7, 129)
+    gen = torch.Generator().manual_seed(2)
+    scores = _randn(shape, dtype)
+    mask = make_mask(kind, shape, gen)
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.to(dtype)
+    m4 = None if mask is None else mask.reshape((1,) * (4 - mask.dim()) + mask.shape).expand(shape)
+    ref = masked_softmax_ref(scores, mask, 0.125)
+    for cap in ({}, {"max_block_n": 64}):
+        y = interpreted("_softmax", "softmax_forward", scores, m4, 0.125, safe=True, **cap)
+        assert not torch.isnan(y).any(), "a fully masked row gave NaN"
+        assert_close(y, ref, dtype, f"masked softmax ({kind}, {cap or 'single block'})")
+
+
+def test_masked_softmax_kernel_fully_masked_rows_are_zero(interpreted):
+    scores = torch.randn(2, 2, 3, 50)
+    mask = torch.ones(2, 1, 3, 50, dtype=torch.bool)
+    mask[1, 0, 2] = False
+    for cap in ({}, {"max_block_n": 16}):
+        m4 = mask.expand(scores.shape)
+        y = interpreted("_softmax", "softmax_forward", scores, m4, 1.0, safe=True, **cap)
+        assert torch.equal(y[1, :, 2], torch.zeros(2, 50))
+        torch.testing.assert_close(y.sum(-1)[0], torch.ones(2, 3))
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_bias_act_kernels_match_reference(interpreted, shape, dtype, act):
+    x = _randn(shape, dtype)
+    bias = _randn(shape[-1:], dtype, seed=3)
+    dy = _randn(shape, dtype, seed=4)
+    gelu_atol = GELU_ATOL if act == "gelu" else 0.0
+    y = interpreted("_bias_act", "bias_act_forward", x, bias, act, 0.7)
+    assert_close(y, bias_act_ref(x, bias, act, 0.7), dtype, f"{act} forward", gelu_atol * 0.7)
+    dx, db = interpreted("_bias_act", "bias_act_backward", x, bias, dy, act, 0.7)
+    dx_ref, db_ref = bias_act_backward_ref(x, bias, dy, act, 0.7)
+    dz_atol = gelu_atol * 0.7 * dy.abs().max().item()
+    assert_close(dx, dx_ref, dtype, f"{act} dx", dz_atol)
+    rows = x.numel() // shape[-1]
+    assert_close(db, db_ref, dtype, f"{act} dbias", sum_atol(dx_ref, rows) + rows * dz_atol)
+
+
+def test_bias_act_backward_programs_loop_over_row_blocks(interpreted):
+    # 2 programs over 37 rows in blocks of 4: each loops ~5 times and the partial bias sums of
+    # both are added, exercising the path a 4096-row batch takes on the GPU.
+    x, dy = _randn((37, 1024), torch.float32), _randn((37, 1024), torch.float32, seed=5)
+    bias = _randn((1024,), torch.float32, seed=6)
+    dx, db = interpreted(
+        "_bias_act", "bias_act_backward", x, bias, dy, "gelu", 1.5, target_programs=2
+    )
+    dx_ref, db_ref = bias_act_backward_ref(x, bias, dy, "gelu", 1.5)
+    dz_atol = GELU_ATOL * 1.5 * dy.abs().max().item()
+    assert_close(dx, dx_ref, torch.float32, "dx", dz_atol)
+    assert_close(db, db_ref, torch.float32, "dbias", sum_atol(dx_ref, 37) + 37 * dz_atol)
