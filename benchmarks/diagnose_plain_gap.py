@@ -25,7 +25,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from plain_loop import build  # noqa: E402
-
 from torchkiln.measure.kernels import kernels_per_step  # noqa: E402
 from torchkiln.measure.timer import StepTimer  # noqa: E402
 from torchkiln.runner.executable import build_arm  # noqa: E402
