@@ -44,12 +44,42 @@ def default_optimizer(model: Any) -> Any:
 
 @dataclass
 class Arm:
-    """One way of running the workload, ready to step."""
+    """One way of running the workload, ready to step.
+
+    ``inputs`` are the device tensors every step reads; ``load_batch`` copies a new batch of the
+    same shapes into them in place, so compiled code and CUDA graphs see the same storage."""
 
     variant: Variant
     workload: Workload
     model: Any
     step: Callable[[], Any]
+    inputs: Any = None
+
+    def load_batch(self, batch: Any) -> None:
+        import torch
+
+        src = batch if isinstance(batch, (tuple, list, dict)) else (batch,)
+        dst_leaves = _leaves(self.inputs)
+        src_leaves = _leaves(src)
+        if len(dst_leaves) != len(src_leaves):
+            raise ValueError(
+                f"a batch with {len(src_leaves)} tensors cannot replace {len(dst_leaves)}"
+            )
+        for d, s in zip(dst_leaves, src_leaves, strict=True):
+            if not isinstance(s, torch.Tensor) or s.shape != d.shape:
+                raise ValueError(
+                    f"batch tensor of shape {getattr(s, 'shape', None)} does not match the "
+                    f"example input's {tuple(d.shape)}"
+                )
+            d.copy_(s, non_blocking=True)
+
+
+def _leaves(obj: Any) -> list[Any]:
+    if isinstance(obj, dict):
+        return [leaf for v in obj.values() for leaf in _leaves(v)]
+    if isinstance(obj, (tuple, list)):
+        return [leaf for v in obj for leaf in _leaves(v)]
+    return [obj]
 
 
 def _prepare_inputs(inputs: Any, device: str, fp64: bool, channels_last: bool) -> Any:
@@ -148,4 +178,4 @@ def build_arm(
         with precision_flags(precision):
             return compiled_step()
 
-    return Arm(variant=variant, workload=workload, model=model, step=step)
+    return Arm(variant=variant, workload=workload, model=model, step=step, inputs=inputs)
