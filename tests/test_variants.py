@@ -82,3 +82,21 @@ def test_cudagraphs_needs_cuda():
     v = parse_variant("cudagraphs")
     assert "needs a CUDA device" in v.backend.unsupported_reason("cpu")
     assert v.backend.unsupported_reason("cuda") is None
+
+
+def test_regions_finds_the_repeated_layers():
+    from torchkiln.variants.regions import NoRepeatedBlocks, repeated_blocks
+    from torchkiln.workloads import load_workload
+
+    bert = repeated_blocks(load_workload("bert-base", preset="tiny").model)
+    assert [type(b).__name__ for b in bert] == ["BertLayer"] * 12
+    resnet = repeated_blocks(load_workload("resnet50", preset="tiny").model)
+    assert len(resnet) == 16 and type(resnet[0]).__name__ == "Bottleneck"
+    with pytest.raises(NoRepeatedBlocks, match="does not apply"):
+        repeated_blocks(load_workload("simple", preset="tiny").model)
+
+
+def test_regions_is_an_inductor_scope_only():
+    assert parse_variant("inductor:scope=regions").backend.scope == "regions"
+    with pytest.raises(VariantSpecError, match="choose from"):
+        parse_variant("cudagraphs:scope=regions")

@@ -7,6 +7,10 @@ class KilnUserError(Exception):
     """Bad input: an unknown name, a missing file, a spec that does not parse, no GPU for cuda."""
 
 
+class UnsupportedVariant(KilnUserError):
+    """The variant cannot apply to this model or device; a trial reports `unsupported`."""
+
+
 class MissingExtraError(KilnUserError):
     """An optional engine is not installed; the message names the extra that brings it."""
 

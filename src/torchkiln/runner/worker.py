@@ -44,6 +44,10 @@ class Phases:
 def classify_error(exc: BaseException, phase: str) -> str:
     import torch
 
+    from torchkiln.errors import UnsupportedVariant
+
+    if isinstance(exc, UnsupportedVariant):
+        return "unsupported"
     if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
         return "oom"
     module = type(exc).__module__ or ""

@@ -18,6 +18,8 @@ from torchkiln.errors import KilnUserError
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 LAYOUTS = ("channels_last",)
 SCOPES = ("model", "step")
+# Inductor can also compile each repeated block (e.g. every transformer layer) on its own.
+INDUCTOR_SCOPES = ("model", "step", "regions")
 NUMERICS_CHANGING = {"tf32", "bf16", "fp16"}
 
 

@@ -6,7 +6,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from torchkiln.variants.base import SCOPES, Backend, _choice, register_backend
+from torchkiln.variants.base import (
+    INDUCTOR_SCOPES,
+    SCOPES,
+    Backend,
+    _choice,
+    register_backend,
+)
+from torchkiln.variants.regions import repeated_blocks
 
 INDUCTOR_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 DYNAMIC = ("auto", "true", "false")
@@ -47,7 +54,7 @@ class Inductor(Backend):
     def __post_init__(self) -> None:
         _choice(self.mode, INDUCTOR_MODES, "inductor: mode")
         _choice(self.dynamic, DYNAMIC, "inductor: dynamic")
-        _choice(self.scope, SCOPES, "inductor: scope")
+        _choice(self.scope, INDUCTOR_SCOPES, "inductor: scope")
 
     @property
     def uses_cudagraphs(self) -> bool:
@@ -58,6 +65,13 @@ class Inductor(Backend):
 
         dynamic = {"auto": None, "true": True, "false": False}[self.dynamic]
         mode = None if self.mode == "default" else self.mode
+        if self.scope == "regions":
+            # Each repeated block is compiled on its own; Dynamo reuses one compiled graph for
+            # every instance with the same structure, so compile time is roughly one block's.
+            blocks = repeated_blocks(fn)
+            for block in blocks:
+                block.compile(mode=mode, fullgraph=self.fullgraph, dynamic=dynamic)
+            return fn
         return torch.compile(fn, mode=mode, fullgraph=self.fullgraph, dynamic=dynamic)
 
     def before_step(self) -> None:
