@@ -13,8 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]
 )
-if str(ROOT / "src") not in sys.path:
-    sys.path.insert(0, str(ROOT / "src"))
+for path in (ROOT / "src", ROOT / "tests"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 
 
 def _has_cuda() -> bool:

@@ -7,11 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import jsonschema
 import pytest
 
+from torchkiln.report.schema import validate
+
 ROOT = Path(__file__).resolve().parents[1]
-SCHEMA = json.loads((ROOT / "src/torchkiln/report/bench.schema.json").read_text())
+
 WL = Path(__file__).parent / "fixtures" / "workloads.py"
 
 
@@ -47,7 +48,7 @@ def test_bench_simple_tiny_cpu_end_to_end(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out_json.read_text())
-    jsonschema.validate(doc, SCHEMA)
+    validate(doc)
     assert [t["variant"] for t in doc["trials"]] == ["eager", "inductor"]
     eager, ind = doc["trials"]
     assert eager["status"] == "ok", eager.get("reason")

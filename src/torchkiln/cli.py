@@ -147,6 +147,120 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_tune(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "tune",
+        help="the main job: search variants, prove them correct, recommend, report",
+        description="Environment check, eager baseline, profile verdict, graph breaks, a "
+        "search over variants within the budget, selection, report (report.md, report.html, "
+        "results.json in --out).",
+    )
+    p.add_argument("workload", nargs="?", default="simple")
+    p.add_argument("--step", choices=["infer", "train"], default="infer")
+    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if present)")
+    p.add_argument("--preset", choices=["auto", "full", "tiny"], default="auto")
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--budget", default="15m", help="wall-time budget, e.g. 15m, 90s, 1h")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="how many steps your job runs: minimise compile + N x step time",
+    )
+    p.add_argument(
+        "--allow-precision",
+        default="",
+        help="numerics-changing precisions kiln may pick: bf16,tf32,fp16",
+    )
+    p.add_argument("--out", default=None, help="report directory (default kiln-runs/tune-...)")
+    p.add_argument("--reps", type=int, default=None)
+
+
+class _TuneProgress:
+    def __init__(self) -> None:
+        from rich.console import Console
+
+        self.console = Console(stderr=True)
+
+    def stage(self, name, detail, seconds_left) -> None:
+        self.console.print(f"[bold]{name}[/bold] {detail}  [dim]({seconds_left:.0f} s left)[/dim]")
+
+    def trial_phase(self, spec, phase, seconds_left) -> None:
+        if phase not in ("first_call", "measure", "correctness_compile"):
+            return
+        label = {"first_call": "compiling (first call)", "measure": "measuring"}.get(phase, phase)
+        self.console.print(f"  [dim]{spec}: {label} ({seconds_left:.0f} s left)[/dim]")
+
+    def trial_done(self, result, seconds_left) -> None:
+        sp = (result.get("speedup") or {}).get("median")
+        extra = f" {sp:.2f}x" if sp else f" {result.get('reason') or ''}"
+        self.console.print(f"  {result['variant']}: {result['status']}{extra}")
+
+    def skipped(self, spec, why) -> None:
+        self.console.print(f"  [yellow]skipped[/yellow] {spec}: {why}")
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from torchkiln.api import resolve_preset
+    from torchkiln.tune.api import parse_budget
+    from torchkiln.tune.pipeline import tune
+    from torchkiln.variants.base import NUMERICS_CHANGING
+
+    device = args.device or _default_device()
+    _check_device(device)
+    allow = {p for p in args.allow_precision.split(",") if p}
+    bad = allow - NUMERICS_CHANGING
+    if bad:
+        raise KilnUserError(
+            f"--allow-precision {sorted(bad)}; choose from {sorted(NUMERICS_CHANGING)}"
+        )
+    out = args.out or f"kiln-runs/tune-{args.workload.replace('/', '_')}-{args.step}"
+    doc = tune(
+        args.workload,
+        step=args.step,
+        device=device,
+        preset=resolve_preset(args.preset, device),
+        batch_size=args.batch_size,
+        budget_s=parse_budget(args.budget),
+        steps=args.steps,
+        allow_precision=allow,
+        out=out,
+        events=_TuneProgress(),
+        spec_overrides={"reps": args.reps} if args.reps else None,
+    )
+    sel = doc["selection"]
+    rec = doc.get("recommendation")
+    print(f"pick: {sel['best']}  ({sel['reason']})")
+    if rec:
+        print("\n".join(f"  - {w}" for w in rec["why"]))
+        print("\n" + rec["code"] + "\n")
+    print(
+        f"report: {out}/report.html, {out}/report.md, {out}/results.json "
+        f"({doc['wall_s']:.0f} s of a {doc['budget_s']:.0f} s budget)"
+    )
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from torchkiln.report.render import rerender
+
+    out = rerender(args.dir)
+    print(f"wrote {out}/report.md and {out}/report.html")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from torchkiln.report.compare import run_compare
+
+    code, rows = run_compare(args.old, args.new, args.threshold)
+    for r in rows:
+        print(
+            f"{r['variant']:50s} {r['old_ms']:9.3f} -> {r['new_ms']:9.3f} ms "
+            f"({r['ratio']:.3f}x)  {r['verdict']}"
+        )
+    return code
+
+
 def cmd_workloads(args: argparse.Namespace) -> int:
     from torchkiln.workloads.base import registry
 
@@ -185,6 +299,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks for bad input")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_bench(sub)
+    _add_tune(sub)
+    rep = sub.add_parser("report", help="re-render report.md and report.html from results.json")
+    rep.add_argument("dir")
+    cmp_ = sub.add_parser("compare", help="did any variant get slower? exit 1 on a regression")
+    cmp_.add_argument("old")
+    cmp_.add_argument("new")
+    cmp_.add_argument(
+        "--threshold",
+        type=float,
+        default=0.05,
+        help="relative slow-down that counts, when intervals do not overlap",
+    )
     _add_module_command(
         sub,
         "doctor",
@@ -216,7 +342,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-COMMANDS = {"bench": cmd_bench, "workloads": cmd_workloads, "variants": cmd_variants}
+COMMANDS = {
+    "bench": cmd_bench,
+    "tune": cmd_tune,
+    "report": cmd_report,
+    "compare": cmd_compare,
+    "workloads": cmd_workloads,
+    "variants": cmd_variants,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,133 @@
+"""Which variants to try, in which order, and which to skip: ordered and pruned by evidence
+(the profile verdict, the graph-break count, the kind of model) and by the time budget."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torchkiln.variants import parse_variant
+
+# Relative compile cost of a candidate, in units of the default mode's compile time. Measured
+# on an H200 (torch 2.11, benchmarks/results/zoo-h200): simple train fp32 default 9.3 s,
+# reduce-overhead 9.4 s, max-autotune-no-cudagraphs 45.7 s; resnet50 infer fp32
+# max-autotune-no-cudagraphs was still compiling after 450 s against 16.6 s for default.
+COMPILE_FACTOR = {
+    "default": 1.0,
+    "reduce-overhead": 1.1,
+    "max-autotune-no-cudagraphs": 5.0,
+    "max-autotune": 5.5,
+}
+REGIONS_FACTOR = 0.4  # one block compiled and reused: a fraction of the whole model's compile
+
+
+@dataclass
+class Candidate:
+    spec: str
+    why: str
+    priority: float  # lower runs earlier
+    compile_factor: float
+
+
+@dataclass
+class Evidence:
+    """What tune knows before searching; every field is optional (a stage may be skipped)."""
+
+    device: str
+    step: str
+    convolutional: bool = False
+    has_repeated_blocks: bool = False
+    graph_breaks: int | None = None
+    verdict: str | None = None  # the profile verdict kind
+    allow_precision: set[str] = field(default_factory=set)
+
+
+def _with(spec: str, **params: str) -> str:
+    base, _, args = spec.partition(":")
+    items = dict(a.split("=", 1) for a in args.split(",") if a)
+    items.update(params)
+    return base + (":" + ",".join(f"{k}={v}" for k, v in items.items()) if items else "")
+
+
+def candidates(ev: Evidence) -> list[Candidate]:
+    """Every variant worth measuring for this evidence, best-first. Precision changes appear
+    only when allowed; CUDA-graph modes only on CUDA; fullgraph only with zero breaks."""
+    cuda = ev.device.startswith("cuda")
+    modes = ["default", "max-autotune-no-cudagraphs"]
+    if cuda:
+        modes = ["default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"]
+    else:
+        # On the CPU autotuning has few templates to choose from and CUDA graphs do not exist:
+        # default mode is the one that matters (max-autotune is tried last, if budget allows).
+        modes = ["default", "max-autotune-no-cudagraphs"]
+    launch_bound = ev.verdict == "host/launch-bound"
+    compute_bound = ev.verdict == "gpu-compute-bound"
+    out: list[Candidate] = []
+
+    def add(spec: str, why: str, priority: float, factor: float) -> None:
+        spec = parse_variant(spec).spec  # canonical, and validated
+        if all(c.spec != spec for c in out):
+            out.append(Candidate(spec, why, priority, factor))
+
+    for i, mode in enumerate(modes):
+        graphs = mode in ("reduce-overhead", "max-autotune")
+        prio = float(i)
+        if launch_bound and graphs:
+            prio -= 10  # the profile says launches dominate: CUDA graphs first
+        if compute_bound and mode.startswith("max-autotune"):
+            prio -= 5
+        params = {"mode": mode} if mode != "default" else {}
+        if ev.graph_breaks == 0:
+            params["fullgraph"] = "true"
+        params["dynamic"] = "false"  # the workload's shapes are fixed
+        spec = _with("inductor", **params)
+        why = f"torch.compile mode={mode}"
+        if graphs:
+            why += " (CUDA graphs: removes per-kernel launch cost)"
+        add(spec, why, prio, COMPILE_FACTOR[mode])
+        if ev.step == "train" and mode in ("default", "reduce-overhead"):
+            add(
+                _with(spec, scope="step"),
+                why + ", whole step with the optimizer compiled",
+                prio + 0.5,
+                COMPILE_FACTOR[mode] * 1.3,
+            )
+        if ev.has_repeated_blocks and mode in ("default", "reduce-overhead"):
+            add(
+                _with(spec, scope="regions"),
+                why + ", each repeated block compiled once",
+                prio + 0.3,
+                COMPILE_FACTOR[mode] * REGIONS_FACTOR,
+            )
+    if ev.convolutional:
+        best_mode = "reduce-overhead" if (cuda and launch_bound) else "default"
+        params = {"mode": best_mode} if best_mode != "default" else {}
+        spec = _with("inductor", **params, dynamic="false") + "+channels_last"
+        add(
+            spec,
+            "channels_last: convolutions without layout transposes",
+            1.5,
+            COMPILE_FACTOR[best_mode],
+        )
+    if cuda:
+        add("cudagraphs", "CUDA graphs over eager kernels, no code generation", 6.0, 0.5)
+    for precision in ("bf16", "tf32", "fp16"):
+        if precision not in ev.allow_precision:
+            continue
+        bonus = -6 if compute_bound else -2
+        for i, mode in enumerate(modes[:2] if not cuda else ["default", "reduce-overhead"]):
+            params = {"mode": mode} if mode != "default" else {}
+            spec = _with("inductor", **params, dynamic="false") + f"+{precision}"
+            add(
+                spec,
+                f"{precision}: the matrix units' faster precision",
+                2.0 + i + bonus,
+                COMPILE_FACTOR[mode],
+            )
+        add(f"eager+{precision}", f"{precision} without compilation", 8.0, 0.0)
+    out.sort(key=lambda c: c.priority)
+    return out
+
+
+def estimate_trial_s(c: Candidate, overhead_s: float, default_compile_s: float) -> float:
+    """Seconds a trial should take: process and measurement overhead plus its compile."""
+    return overhead_s + c.compile_factor * default_compile_s

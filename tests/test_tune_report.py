@@ -1,0 +1,96 @@
+"""Reports escape what came from users' code; compare tells regressions from noise."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests_helpers import synthetic_tune_doc
+from torchkiln.report.render import html, markdown
+from torchkiln.report.schema import validate
+
+
+def test_html_escapes_source_lines_and_reasons():
+    doc = synthetic_tune_doc()
+    page = html(doc)
+    assert "if x.sum() < 0:" not in page
+    assert "if x.sum() &lt; 0:" in page
+    assert "<script>" not in page and "&lt;script&gt;" in page
+    assert page.count("<svg") >= 4  # step time, compile vs speedup, cumulative, memory
+    assert "http" not in page.split("<body>", 1)[1]  # nothing to fetch: one file, no network
+    md = markdown(doc)
+    assert "x.sum() &lt; 0" in md and "<script>" not in md
+
+
+def _bench_doc(ms, ci):
+    return {
+        "schema": "torchkiln.bench/1",
+        "trials": [{"variant": "inductor", "steady_ms": {"median": ms, "ci95": list(ci)}}],
+    }
+
+
+def _kiln(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "torchkiln.cli", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_compare_exits_1_on_a_regression_and_0_on_noise(tmp_path):
+    old, noisy, slow = tmp_path / "old.json", tmp_path / "noisy.json", tmp_path / "slow.json"
+    old.write_text(json.dumps(_bench_doc(10.0, (9.9, 10.1))))
+    noisy.write_text(json.dumps(_bench_doc(10.3, (9.8, 10.9))))  # +3%, intervals overlap
+    slow.write_text(json.dumps(_bench_doc(12.0, (11.9, 12.1))))  # +20%, clear of the old
+    ok = _kiln("compare", str(old), str(noisy))
+    assert ok.returncode == 0, ok.stderr
+    assert "no significant change" in ok.stdout
+    bad = _kiln("compare", str(old), str(slow))
+    assert bad.returncode == 1
+    assert "regression" in bad.stdout
+    missing = _kiln("compare", str(old), str(tmp_path / "nope.json"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+@pytest.mark.slow
+def test_kiln_tune_simple_tiny_cpu_within_budget(tmp_path):
+    out = tmp_path / "tune"
+    budget_s = 300
+    t0 = time.monotonic()
+    proc = _kiln_long(
+        "tune",
+        "simple",
+        "--preset",
+        "tiny",
+        "--device",
+        "cpu",
+        "--budget",
+        "5m",
+        "--out",
+        str(out),
+        "--reps",
+        "5",
+    )
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # The budget bounds the search; start-up and the report add a little on top.
+    assert elapsed < budget_s + 60, elapsed
+    for name in ("report.md", "report.html", "results.json"):
+        assert (out / name).exists(), name
+    doc = json.loads((out / "results.json").read_text())
+    validate(doc)
+    assert doc["wall_s"] <= budget_s + 30
+    assert doc["trials"][0]["variant"] == "eager"
+    assert doc["selection"]["best"] is not None
+    assert doc["recommendation"]["code"].startswith("import torch")
+    assert doc["stages"]["graph_breaks"]["breaks"] == 0
+    rerender = _kiln("report", str(out))
+    assert rerender.returncode == 0
+
+
+def _kiln_long(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "torchkiln.cli", *args], capture_output=True, text=True, timeout=900
+    )

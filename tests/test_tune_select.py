@@ -1,0 +1,124 @@
+"""Selection on synthetic results: intervals decide, correctness gates, job length matters."""
+
+from __future__ import annotations
+
+import pytest
+
+from torchkiln.tune.api import parse_budget
+from torchkiln.tune.search import Evidence, candidates
+from torchkiln.tune.select import break_even_steps, select
+
+
+def trial(variant, ms, ci, speedup, sp_ci, first_s, *, passed=True, status="ok", precision="fp32"):
+    return {
+        "variant": variant,
+        "status": status,
+        "reason": None if status == "ok" else "boom",
+        "steady_ms": {"median": ms, "ci95": list(ci)},
+        "baseline_ms": {"median": 10.0, "ci95": [9.9, 10.1]},
+        "speedup": {
+            "median": speedup,
+            "ci95": list(sp_ci),
+            "significant": not (sp_ci[0] <= 1.0 <= sp_ci[1]) and abs(speedup - 1) >= 0.01,
+        },
+        "first_call_s": first_s,
+        "changes_numerics": precision != "fp32",
+        "settings": {"precision": {"variant": precision}},
+        "correctness": {"passed": passed, "worst_error_over_threshold": 0.4 if passed else 3.0},
+    }
+
+
+EAGER = trial("eager", 10.0, (9.9, 10.1), 1.0, (0.99, 1.01), 0.2)
+
+
+def test_clear_winner_wins():
+    a = trial("inductor", 5.0, (4.9, 5.1), 2.0, (1.95, 2.05), 20)
+    b = trial("inductor:mode=reduce-overhead", 4.0, (3.9, 4.1), 2.5, (2.45, 2.55), 25)
+    sel = select([EAGER, a, b], baseline=EAGER)
+    assert sel.best["variant"] == "inductor:mode=reduce-overhead"
+    assert not sel.tied
+    assert sel.ranking[:2] == ["inductor:mode=reduce-overhead", "inductor"]
+
+
+def test_overlapping_intervals_are_a_tie_won_by_the_cheaper_compile():
+    a = trial("inductor", 5.0, (4.8, 5.2), 2.0, (1.9, 2.1), 20)
+    b = trial("inductor:mode=max-autotune", 4.9, (4.7, 5.1), 2.05, (1.95, 2.15), 300)
+    sel = select([EAGER, a, b], baseline=EAGER)
+    assert sel.best["variant"] == "inductor"
+    assert set(sel.tied) == {"inductor", "inductor:mode=max-autotune"}
+    assert "tie" in sel.reason
+
+
+def test_an_accuracy_failure_never_wins_however_fast():
+    fast_wrong = trial(
+        "perturb", 1.0, (0.9, 1.1), 10.0, (9.5, 10.5), 1, passed=False, status="accuracy_fail"
+    )
+    ok = trial("inductor", 5.0, (4.9, 5.1), 2.0, (1.95, 2.05), 20)
+    sel = select([EAGER, fast_wrong, ok], baseline=EAGER)
+    assert sel.best["variant"] == "inductor"
+    assert "perturb" in sel.rejected
+
+
+def test_numerics_changing_variants_need_permission_but_are_shown():
+    bf16 = trial("inductor+bf16", 2.0, (1.9, 2.1), 5.0, (4.8, 5.2), 20, precision="bf16")
+    fp32 = trial("inductor", 5.0, (4.9, 5.1), 2.0, (1.95, 2.05), 20)
+    sel = select([EAGER, bf16, fp32], baseline=EAGER)
+    assert sel.best["variant"] == "inductor"
+    assert "not allowed" in sel.rejected["inductor+bf16"]
+    assert sel.to_dict()["best_numerics_changing"]["variant"] == "inductor+bf16"
+    allowed = select([EAGER, bf16, fp32], baseline=EAGER, allow_precision={"bf16"})
+    assert allowed.best["variant"] == "inductor+bf16"
+
+
+def test_a_short_job_picks_no_compilation():
+    # 20 s of compile saves 5 ms a step: it pays back after 4,000 steps, not 10.
+    comp = trial("inductor", 5.0, (4.9, 5.1), 2.0, (1.95, 2.05), 20.2)
+    short = select([EAGER, comp], baseline=EAGER, steps=10)
+    assert short.best["variant"] == "eager"
+    long = select([EAGER, comp], baseline=EAGER, steps=100_000)
+    assert long.best["variant"] == "inductor"
+    assert break_even_steps(comp, EAGER) == pytest.approx(20.0 / 0.005)
+
+
+def test_no_significant_speedup_never_breaks_even():
+    same = trial("inductor", 9.99, (9.9, 10.1), 1.001, (0.99, 1.01), 20)
+    assert break_even_steps(same, EAGER) is None
+
+
+def test_nothing_passed():
+    bad = trial("inductor", 5.0, (4.9, 5.1), 2.0, (1.95, 2.05), 20, status="compile_error")
+    sel = select([bad], baseline=EAGER)
+    assert sel.best is None and "compile_error" in sel.rejected["inductor"]
+
+
+def test_search_is_ordered_by_the_profile_verdict_and_pruned_by_breaks():
+    launch = candidates(
+        Evidence(device="cuda", step="infer", verdict="host/launch-bound", graph_breaks=0)
+    )
+    assert "reduce-overhead" in launch[0].spec
+    assert all("fullgraph=true" in c.spec for c in launch if c.spec.startswith("inductor"))
+    broken = candidates(Evidence(device="cuda", step="infer", graph_breaks=3))
+    assert not any("fullgraph" in c.spec for c in broken)
+    cpu = candidates(Evidence(device="cpu", step="train", convolutional=True))
+    assert not any("reduce-overhead" in c.spec or c.spec == "cudagraphs" for c in cpu)
+    assert any("scope=step" in c.spec for c in cpu)
+    assert any(c.spec.endswith("+channels_last") for c in cpu)
+    assert not any("+bf16" in c.spec for c in cpu)
+    bf16 = candidates(Evidence(device="cpu", step="infer", allow_precision={"bf16"}))
+    assert any(c.spec.endswith("+bf16") for c in bf16)
+    regions = candidates(Evidence(device="cuda", step="infer", has_repeated_blocks=True))
+    assert any("scope=regions" in c.spec for c in regions)
+
+
+@pytest.mark.parametrize(
+    "text, seconds", [("15m", 900), ("90s", 90), ("1h30m", 5400), ("600", 600), (42, 42)]
+)
+def test_budget_parsing(text, seconds):
+    assert parse_budget(text) == seconds
+
+
+def test_bad_budget_is_refused():
+    from torchkiln.errors import KilnUserError
+
+    with pytest.raises(KilnUserError, match="15m"):
+        parse_budget("soon")

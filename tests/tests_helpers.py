@@ -1,0 +1,77 @@
+"""Synthetic documents for report tests (conftest puts tests/ on the import path)."""
+
+from __future__ import annotations
+
+
+def _trial(variant, ms, speedup, first_s, status="ok"):
+    return {
+        "schema": "torchkiln.trial/1",
+        "id": f"00-{variant}",
+        "workload": "w",
+        "variant": variant,
+        "baseline": "eager",
+        "step": "infer",
+        "device": "cpu",
+        "status": status,
+        "reason": None if status == "ok" else "Unsupported: if x.sum() < 0: <script>",
+        "steady_ms": {"median": ms, "ci95": [ms * 0.98, ms * 1.02]},
+        "baseline_ms": {"median": 10.0, "ci95": [9.8, 10.2]},
+        "speedup": {
+            "median": speedup,
+            "ci95": [speedup * 0.98, speedup * 1.02],
+            "significant": speedup > 1.05,
+        },
+        "first_call_s": first_s,
+        "memory": {"peak_rss_bytes": 2**30, "peak_reserved_bytes": None},
+        "kernels_per_step": None,
+        "correctness": {"passed": True, "worst_error_over_threshold": 0.5},
+    }
+
+
+def synthetic_tune_doc() -> dict:
+    return {
+        "schema": "torchkiln.tune/1",
+        "workload": "user.py:<script>model",
+        "step": "infer",
+        "device": "cpu",
+        "budget_s": 300,
+        "wall_s": 100,
+        "steps": None,
+        "allow_precision": [],
+        "environment": {"torch": "2.x", "cpu": "x86_64", "kiln_git_sha": "abc"},
+        "stages": {
+            "profile": {"verdict": "balanced"},
+            "graph_breaks": {
+                "breaks": 1,
+                "graphs": 2,
+                "captured_share": 0.9,
+                "first_breaks": [
+                    {
+                        "file": "model.py",
+                        "line": 12,
+                        "source": "if x.sum() < 0:",
+                        "category": "data-dependent control flow",
+                        "fix": "use torch.where",
+                    }
+                ],
+            },
+            "search": {"skipped": {"inductor:mode=max-autotune": "would not fit <budget>"}},
+        },
+        "selection": {
+            "best": "inductor",
+            "reason": "fastest",
+            "tied": [],
+            "break_even_steps": {"inductor": 2000.0},
+            "best_numerics_changing": None,
+        },
+        "recommendation": {
+            "variant": "inductor",
+            "code": "import torch\nrun = torch.compile(m)",
+            "why": ["because x < y"],
+        },
+        "trials": [
+            _trial("eager", 10.0, 1.0, 0.1),
+            _trial("inductor", 5.0, 2.0, 20.0),
+            _trial("inductor:fullgraph=true", 0, 0, 0, status="compile_error"),
+        ],
+    }
