@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 # Trial workers are fresh processes: make sure they import this checkout's package.
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    [str(ROOT / "src"), str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]
 )
 for path in (ROOT / "src", ROOT / "tests"):
     if str(path) not in sys.path:

@@ -6,7 +6,7 @@ __version__ = "0.1.0"
 
 # The public API is imported lazily so that `import torchkiln` stays cheap (no torch import) for
 # the CLI's argument parsing and for trial workers that set the environment before torch loads.
-__all__ = ["bench", "Workload", "register_workload", "parse_variant", "__version__"]
+__all__ = ["bench", "tune", "Workload", "register_workload", "parse_variant", "__version__"]
 
 
 def __getattr__(name: str):
@@ -14,6 +14,10 @@ def __getattr__(name: str):
         from torchkiln.api import bench
 
         return bench
+    if name == "tune":
+        from torchkiln.tune import tune
+
+        return tune
     if name in ("Workload", "register_workload"):
         from torchkiln import workloads
 

@@ -1,0 +1,30 @@
+"""torchkiln.tune on an in-memory model: handed to trial processes, result applied."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torchkiln
+from torchkiln.tune import inmemory
+
+
+@pytest.mark.slow
+def test_tune_an_in_memory_model_and_apply_the_pick(tmp_path):
+    from fixtures.workloads import TinyNet
+
+    torch.manual_seed(0)
+    model, x = TinyNet().eval(), torch.randn(4, 8)
+    result = torchkiln.tune(model, (x,), device="cpu", budget="3m", out=tmp_path, reps=3)
+    assert result.report_path.exists()
+    assert result.doc["workload"] == inmemory.SPEC  # it went through trial processes
+    assert result.best is not None
+    fast = result.apply(model)
+    with torch.no_grad():
+        assert torch.allclose(fast(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_class_defined_in_main_cannot_reach_a_trial_process(tmp_path):
+    Local = type("Local", (torch.nn.Linear,), {"__module__": "__main__"})
+    why = inmemory.save(Local(2, 2), (torch.randn(1, 2),), tmp_path / "m.pt")
+    assert why is not None and "__main__" in why
