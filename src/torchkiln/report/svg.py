@@ -37,24 +37,32 @@ def hbars(title: str, rows: list[tuple[str, float, tuple[float, float] | None]],
     return "".join(out)
 
 
+H, PAD = 320, 50
+
+
+def _axes(title: str, xy: list[tuple[float, float]], xlab: str, ylab: str):
+    """Opening of an x-y chart: the frame, labels with ranges, and a point-to-pixel mapping."""
+    xmax = max(x for x, _ in xy) or 1.0
+    ymax = max(y for _, y in xy) or 1.0
+    sx, sy = (W - 2 * PAD - 200) / xmax, (H - 2 * PAD) / ymax
+    out = [
+        f'<svg width="{W}" height="{H}" role="img" aria-label="{escape(title)}">',
+        f'<text x="4" y="16" class="t">{escape(title)}</text>',
+        f'<line x1="{PAD}" y1="{H - PAD}" x2="{W - 200}" y2="{H - PAD}" class="a"/>',
+        f'<line x1="{PAD}" y1="{PAD}" x2="{PAD}" y2="{H - PAD}" class="a"/>',
+        f'<text x="{(W - 200) / 2}" y="{H - 12}">{escape(xlab)} (0 to {_fmt(xmax)})</text>',
+        f'<text x="6" y="{PAD - 10}">{escape(ylab)} (0 to {_fmt(ymax)})</text>',
+    ]
+    return out, lambda x, y: (PAD + x * sx, H - PAD - y * sy)
+
+
 def scatter(title: str, points: list[tuple[str, float, float]], xlab: str, ylab: str) -> str:
     """Labelled points (label, x, y)."""
     if not points:
         return ""
-    h, pad = 320, 50
-    xmax = max(p[1] for p in points) or 1.0
-    ymax = max(p[2] for p in points) or 1.0
-    sx, sy = (W - 2 * pad - 200) / xmax, (h - 2 * pad) / ymax
-    out = [
-        f'<svg width="{W}" height="{h}" role="img" aria-label="{escape(title)}">',
-        f'<text x="4" y="16" class="t">{escape(title)}</text>',
-        f'<line x1="{pad}" y1="{h - pad}" x2="{W - 200}" y2="{h - pad}" class="a"/>',
-        f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{h - pad}" class="a"/>',
-        f'<text x="{(W - 200) / 2}" y="{h - 12}">{escape(xlab)}</text>',
-        f'<text x="6" y="{pad - 10}">{escape(ylab)}</text>',
-    ]
+    out, at = _axes(title, [(x, y) for _, x, y in points], xlab, ylab)
     for label, x, y in points:
-        cx, cy = pad + x * sx, h - pad - y * sy
+        cx, cy = at(x, y)
         out.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="4" class="p"/>')
         out.append(
             f'<text x="{cx + 6:.1f}" y="{cy - 4:.1f}">{escape(label)} ({_fmt(x)}, {_fmt(y)})</text>'
@@ -70,24 +78,11 @@ def lines(
     pts = [p for _, s in series for p in s]
     if not pts:
         return ""
-    h, pad = 320, 50
-    xmax = max(p[0] for p in pts) or 1.0
-    ymax = max(p[1] for p in pts) or 1.0
-    sx, sy = (W - 2 * pad - 200) / xmax, (h - 2 * pad) / ymax
-    out = [
-        f'<svg width="{W}" height="{h}" role="img" aria-label="{escape(title)}">',
-        f'<text x="4" y="16" class="t">{escape(title)}</text>',
-        f'<line x1="{pad}" y1="{h - pad}" x2="{W - 200}" y2="{h - pad}" class="a"/>',
-        f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{h - pad}" class="a"/>',
-        f'<text x="{(W - 200) / 2}" y="{h - 12}">{escape(xlab)} (0 to {_fmt(xmax)})</text>',
-        f'<text x="6" y="{pad - 10}">{escape(ylab)} (0 to {_fmt(ymax)})</text>',
-    ]
+    out, at = _axes(title, pts, xlab, ylab)
     for i, (label, s) in enumerate(series):
-        path = " ".join(f"{pad + x * sx:.1f},{h - pad - y * sy:.1f}" for x, y in s)
+        path = " ".join("{:.1f},{:.1f}".format(*at(x, y)) for x, y in s)
         out.append(f'<polyline points="{path}" class="l{i % 6}" fill="none"/>')
-        x, y = s[-1]
-        out.append(
-            f'<text x="{pad + x * sx + 4:.1f}" y="{h - pad - y * sy:.1f}">{escape(label)}</text>'
-        )
+        lx, ly = at(*s[-1])
+        out.append(f'<text x="{lx + 4:.1f}" y="{ly:.1f}">{escape(label)}</text>')
     out.append("</svg>")
     return "".join(out)
