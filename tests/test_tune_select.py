@@ -122,3 +122,34 @@ def test_bad_budget_is_refused():
 
     with pytest.raises(KilnUserError, match="15m"):
         parse_budget("soon")
+
+
+def test_independent_trials_run_at_once_one_per_gpu():
+    import threading
+
+    from torchkiln.runner.trial import TrialSpec
+    from torchkiln.tune.pipeline import run_batch
+
+    started = threading.Barrier(2, timeout=10)  # both must be running at the same time
+    seen = []
+
+    def fake_run_one(spec, gpu):
+        started.wait()
+        seen.append((spec.variant, gpu))
+        return {"variant": spec.variant, "gpu": gpu}
+
+    specs = [TrialSpec(workload="w", variant=v, device="cuda") for v in ("a", "b")]
+    out = run_batch(fake_run_one, specs, [0, 1])
+    assert [r["variant"] for r in out] == ["a", "b"]  # results in the order asked
+    assert sorted(seen) == [("a", 0), ("b", 1)]
+
+
+def test_estimates_learn_from_measured_compile_times():
+    from torchkiln.tune.pipeline import Estimator
+    from torchkiln.tune.search import Candidate
+
+    est = Estimator(overhead_s=10.0, default_compile_s=20.0)
+    slow = Candidate("inductor:mode=max-autotune", "", 0, 5.0)
+    assert est(slow) == 10.0 + 5.0 * 20.0
+    est.learn(Candidate("inductor", "", 0, 1.0), {"status": "ok", "first_call_s": 4.0})
+    assert est(slow) == 10.0 + 5.0 * 4.0

@@ -121,8 +121,12 @@ def run_trial(
     timeout_s: float,
     cache_dir: str | None = None,
     on_phase: Callable[[str], None] | None = None,
+    gpu: int | None = None,
 ) -> dict[str, Any]:
+    """``gpu`` pins the trial to one device (CUDA_VISIBLE_DEVICES), for one trial per GPU."""
     env, fresh_cache = trial_env(trial_dir, cache_dir)
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     t0 = time.perf_counter()
     result, code, phase, timed_out = _spawn("trial", spec, trial_dir, timeout_s, env, on_phase)
     stderr = tail(trial_dir / "trial-stderr.txt")
@@ -140,6 +144,8 @@ def run_trial(
         result = _failure(spec, "crashed", why)
     result["phase"] = result.get("phase") or phase
     result["compile_cache"] = cache_dir or "fresh per trial"
+    if gpu is not None:
+        result["gpu_index"] = gpu
     result["process_wall_s"] = time.perf_counter() - t0
     if result["status"] != "ok" or stderr:
         result["stderr_tail"] = stderr

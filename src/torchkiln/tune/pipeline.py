@@ -91,6 +91,43 @@ def _graph_breaks(spec: TrialSpec, timeout_s: float) -> dict[str, Any]:
     }
 
 
+class Estimator:
+    """Seconds a candidate's trial should take, learned from the trials already run."""
+
+    def __init__(self, overhead_s: float, default_compile_s: float = 20.0) -> None:
+        self.overhead_s = overhead_s
+        self.default_compile_s = default_compile_s
+
+    def __call__(self, cand: Any) -> float:
+        return estimate_trial_s(cand, self.overhead_s, self.default_compile_s)
+
+    def learn(self, cand: Any, result: dict[str, Any]) -> None:
+        if result.get("status") == "ok" and cand.compile_factor > 0:
+            self.default_compile_s = max(1.0, result["first_call_s"] / cand.compile_factor)
+
+
+def visible_gpus(device: str) -> list[int | None]:
+    """One slot per visible GPU when `--device cuda` names no index and several are visible
+    (independent trials then run in parallel, one per GPU); otherwise one unpinned slot."""
+    if device != "cuda":
+        return [None]
+    import torch
+
+    n = torch.cuda.device_count()
+    return list(range(n)) if n > 1 else [None]
+
+
+def run_batch(run_one: Any, specs: list[TrialSpec], slots: list[int | None]) -> list[dict]:
+    """Run up to len(slots) trials at once, each pinned to its own GPU; results in order."""
+    if len(specs) == 1:
+        return [run_one(specs[0], slots[0])]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=len(specs)) as pool:
+        futures = [pool.submit(run_one, s, g) for s, g in zip(specs, slots, strict=False)]
+        return [f.result() for f in futures]
+
+
 def run_in_process(spec: TrialSpec) -> dict[str, Any]:
     """A trial in this process (the fallback when the model cannot reach a trial process)."""
     from torchkiln.runner.launch import _failure
@@ -179,10 +216,8 @@ def tune(
 
     events.stage("baseline", "eager", left())
     results: list[dict[str, Any]] = []
-    trial_ids: list[str] = []
 
-    def run_one(spec: TrialSpec) -> dict[str, Any]:
-        trial_ids.append(spec.id)
+    def run_one(spec: TrialSpec, gpu: int | None = None) -> dict[str, Any]:
         done = run.load_result(spec.id)
         if done is None and in_process:
             done = run_in_process(spec)
@@ -191,14 +226,15 @@ def tune(
                 spec,
                 run.trial_dir(spec.id),
                 timeout_s=max(30.0, left()),
+                gpu=gpu,
                 on_phase=lambda ph: events.trial_phase(spec.variant, ph, left()),
             )
             run.save_result(spec.id, done)
-        results.append(done)
         events.trial_done(done, left())
         return done
 
     eager = run_one(replace(base, index=0))
+    results.append(eager)
     if eager["status"] != "ok":
         raise KilnUserError(f"the eager baseline failed ({eager['status']}): {eager['reason']}")
 
@@ -229,23 +265,27 @@ def tune(
     }
 
     # Estimates are updated from what each trial really took.
-    overhead_s = float(eager.get("process_wall_s") or 30.0)
-    default_compile_s = 20.0
-    for i, cand in enumerate(plan, start=1):
-        estimate = estimate_trial_s(cand, overhead_s, default_compile_s)
-        if estimate > left():
-            why = f"would not fit the budget (estimated {estimate:.0f} s, {left():.0f} s left)"
-            stages["search"]["skipped"][cand.spec] = why
-            events.skipped(cand.spec, why)
-            continue
-        events.stage("search", f"{cand.spec} ({i}/{len(plan)})", left())
-        r = run_one(replace(base, variant=cand.spec, index=i))
-        if r.get("status") == "ok" and r.get("first_call_s") is not None:
-            default_compile_s = (
-                max(1.0, r["first_call_s"] / cand.compile_factor)
-                if (cand.compile_factor > 0)
-                else default_compile_s
-            )
+    estimate = Estimator(float(eager.get("process_wall_s") or 30.0))
+    slots = visible_gpus(device) if not in_process else [None]
+    pending = list(enumerate(plan, start=1))
+    while pending:
+        batch = []
+        while pending and len(batch) < len(slots):
+            i, cand = pending.pop(0)
+            need = estimate(cand)
+            if need > left():
+                why = f"would not fit the budget (estimated {need:.0f} s, {left():.0f} s left)"
+                stages["search"]["skipped"][cand.spec] = why
+                events.skipped(cand.spec, why)
+                continue
+            batch.append((i, cand))
+        if not batch:
+            break
+        events.stage("search", ", ".join(c.spec for _, c in batch) + f" (of {len(plan)})", left())
+        specs = [replace(base, variant=c.spec, index=i) for i, c in batch]
+        for (_, cand), r in zip(batch, run_batch(run_one, specs, slots), strict=True):
+            results.append(r)
+            estimate.learn(cand, r)
     events.stage("select", "", left())
     selection = select(results, baseline=eager, allow_precision=set(allow_precision), steps=steps)
     best = selection.best
