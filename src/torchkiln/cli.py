@@ -325,6 +325,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_module_command(
         sub,
+        "profile",
+        "torchkiln.diagnose.profile",
+        "where a step's time goes, layer by layer, and what to do next",
+    )
+    _add_module_command(
+        sub,
         "serve-bench",
         "torchkiln.serve.bench",
         "replay a request trace: eager, torch.compile, bucketed",
