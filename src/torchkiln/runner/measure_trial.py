@@ -155,6 +155,7 @@ def measure_trial(spec: TrialSpec, result: dict[str, Any], phases) -> None:
 
     # 3. Paired reps, alternating the order (A B, B A, ...) so drift hits both arms alike.
     phases("measure")
+    before_reps = dynamo_counters()  # after the baseline's own warm-up (it may compile too)
     steps = calibrate_steps(timer, arm.step, spec.rep_ms)
     var_ms, base_ms = [], []
     for i in range(spec.reps):
@@ -170,11 +171,22 @@ def measure_trial(spec: TrialSpec, result: dict[str, Any], phases) -> None:
     result["baseline_ms"] = summarize(base_ms).to_dict()
     result["speedup"] = paired_speedup(base_ms, var_ms).to_dict()
     result["dynamo_after_measure"] = dynamo_counters()
-    if result["dynamo_after_measure"]["recompiles"] > result["dynamo"]["recompiles"]:
+    if result["dynamo_after_measure"]["recompiles"] > before_reps["recompiles"]:
         result["notes"].append("recompiled during the timed reps: steady state was not reached")
 
-    # 4. Kernels per step (profiler; CUDA only).
-    if spec.count_kernels:
+    # Hook for the xla backend: JAX allocates outside torch's allocator, so its own peak is
+    # reported; and each new input shape is an XLA recompile, timed per shape.
+    xla_report = getattr(arm, "report", None)
+    if variant.name == "xla" and xla_report is not None:
+        result["xla"] = xla_report()
+        result["memory"]["jax_peak_bytes_in_use"] = result["xla"]["jax_peak_bytes_in_use"]
+        result["notes"].extend(result["xla"]["notes"])
+
+    # 4. Kernels per step (profiler; CUDA only). The torch profiler cannot see XLA's kernels.
+    if spec.count_kernels and variant.name == "xla":
+        result["kernels_per_step"] = None
+        result["notes"].append("kernels per step are not counted for xla (outside torch)")
+    elif spec.count_kernels:
         phases("kernels")
         result["kernels_per_step"] = kernels_per_step(arm.step, 3, spec.device)
         result["baseline_kernels_per_step"] = kernels_per_step(base.step, 3, spec.device)
