@@ -23,22 +23,32 @@ def allowed(r: dict[str, Any], allow_precision: set[str]) -> bool:
     return not r.get("changes_numerics") or precision_of(r) in allow_precision
 
 
+def step_s(r: dict[str, Any], baseline: dict[str, Any]) -> float:
+    """A variant's step time on the baseline's clock: the eager trial's median over the
+    variant's paired speedup. Trials run at different times in different processes, so their
+    absolute medians drift with the machine's load (seen on a shared 2-core CPU: 4 ms and 88 ms
+    for the same eager step); each paired ratio does not."""
+    if r is baseline or r["variant"] == baseline["variant"]:
+        return baseline["steady_ms"]["median"] / 1e3
+    return baseline["steady_ms"]["median"] / r["speedup"]["median"] / 1e3
+
+
 def break_even_steps(r: dict[str, Any], baseline: dict[str, Any]) -> float | None:
     """Steps after which the variant's extra compile time is paid back by faster steps; None
     when it is not significantly faster per step (it never pays back)."""
     sp = r.get("speedup") or {}
     if not sp.get("significant") or sp.get("median", 0) <= 1.0:
         return None
-    saved_s = (baseline["steady_ms"]["median"] - r["steady_ms"]["median"]) / 1e3
+    saved_s = step_s(baseline, baseline) - step_s(r, baseline)
     extra_s = r["first_call_s"] - baseline["first_call_s"]
     if saved_s <= 0:
         return None
     return max(0.0, extra_s / saved_s)
 
 
-def total_time_s(r: dict[str, Any], steps: int) -> float:
+def total_time_s(r: dict[str, Any], steps: int, baseline: dict[str, Any]) -> float:
     """Compile (first call) plus the remaining steps at the steady-state rate."""
-    return r["first_call_s"] + max(0, steps - 1) * r["steady_ms"]["median"] / 1e3
+    return r["first_call_s"] + max(0, steps - 1) * step_s(r, baseline)
 
 
 @dataclass
@@ -106,10 +116,10 @@ def select(
     if not pool:
         return sel
     if steps is not None:
-        ranked = sorted(pool, key=lambda r: total_time_s(r, steps))
+        ranked = sorted(pool, key=lambda r: total_time_s(r, steps, baseline))
         sel.best = ranked[0]
         sel.ranking = [r["variant"] for r in ranked]
-        t = total_time_s(ranked[0], steps)
+        t = total_time_s(ranked[0], steps, baseline)
         sel.reason = f"least total time for {steps} steps: {t:.1f} s (compile + steps)"
         return sel
     ranked = sorted(pool, key=lambda r: -r["speedup"]["median"])
