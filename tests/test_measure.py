@@ -164,3 +164,18 @@ def test_sixteen_bit_rule_admits_moved_rounding_but_not_a_perturbation():
     assert not corr.compare(
         one(perturbed), one(eager), one(ref), multiplier=m16, relative_floor=f16
     ).passed
+
+
+def test_a_tensor_that_is_exactly_zero_is_judged_on_its_groups_scale():
+    # An attention key bias gets an exactly-zero gradient; rounding noise must not fail it,
+    # while the same noise on every update would still be judged per tensor.
+    ref = [
+        ("update.w", torch.full((100,), 1e-4, dtype=torch.float64)),
+        ("update.key_bias", torch.zeros(10, dtype=torch.float64)),
+    ]
+    eager = [("update.w", ref[0][1] + 1e-9), ("update.key_bias", torch.full((10,), 6e-9))]
+    variant = [("update.w", ref[0][1] + 2e-9), ("update.key_bias", torch.full((10,), 2e-8))]
+    report = corr.compare(variant, eager, ref, multiplier=3.0, relative_floor=1e-3)
+    assert report.passed
+    wrong = [("update.w", ref[0][1] * 1.5), ("update.key_bias", torch.full((10,), 2e-8))]
+    assert not corr.compare(wrong, eager, ref, multiplier=3.0, relative_floor=1e-3).passed

@@ -108,6 +108,9 @@ def test_search_is_ordered_by_the_profile_verdict_and_pruned_by_breaks():
     assert any(c.spec.endswith("+bf16") for c in bf16)
     regions = candidates(Evidence(device="cuda", step="infer", has_repeated_blocks=True))
     assert any("scope=regions" in c.spec for c in regions)
+    assert not any(c.spec == "xla" for c in regions)
+    with_xla = candidates(Evidence(device="cpu", step="infer", xla_available=True))
+    assert with_xla[-1].spec == "xla"  # tried last: long compiles, own process
 
 
 @pytest.mark.parametrize(

@@ -109,6 +109,11 @@ def build_arm(
     so a training step is deterministic for the correctness check."""
     import torch
 
+    if variant.backend.name == "xla":
+        # Hook for the xla backend: its arm is a JAX function (torchax + jax.jit), built apart.
+        from torchkiln.runner.xla_arm import build_xla_arm
+
+        return build_xla_arm(spec, variant, fp64=fp64, no_dropout=no_dropout)
     if fp64 and variant.backend.name != "eager":
         raise ValueError("the fp64 reference is always eager")
     seed_everything(spec.seed)

@@ -4,6 +4,7 @@ variants within a time budget, selection, report. Reads like the diagram in DESI
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import shutil
 import time
 from dataclasses import replace
@@ -256,6 +257,7 @@ def tune(
         graph_breaks=stages["graph_breaks"].get("breaks"),
         verdict=stages["profile"].get("verdict"),
         allow_precision=set(allow_precision),
+        xla_available=all(importlib.util.find_spec(m) for m in ("jax", "torchax")),
     )
     plan = candidates(evidence)
     stages["search"] = {

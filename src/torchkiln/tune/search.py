@@ -39,6 +39,7 @@ class Evidence:
     graph_breaks: int | None = None
     verdict: str | None = None  # the profile verdict kind
     allow_precision: set[str] = field(default_factory=set)
+    xla_available: bool = False  # jax and torchax importable (the `xla` extra)
 
 
 def _with(spec: str, **params: str) -> str:
@@ -110,6 +111,8 @@ def candidates(ev: Evidence) -> list[Candidate]:
         )
     if cuda:
         add("cudagraphs", "CUDA graphs over eager kernels, no code generation", 6.0, 0.5)
+    if ev.xla_available:
+        add("xla", "XLA through torchax + jax.jit: the other whole-graph compiler", 7.0, 1.5)
     for precision in ("bf16", "tf32", "fp16"):
         if precision not in ev.allow_precision:
             continue

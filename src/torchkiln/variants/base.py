@@ -119,7 +119,10 @@ def load_plugins(spec: str | None = None) -> None:
 
 def backends() -> dict[str, type[Backend]]:
     global _plugins_loaded
-    from torchkiln.variants import builtin  # noqa: F401  (registers eager, inductor, cudagraphs)
+    from torchkiln.variants import (
+        builtin,  # noqa: F401  (registers eager, inductor, cudagraphs)
+        xla,  # noqa: F401  (registers xla; jax is imported lazily)
+    )
 
     if not _plugins_loaded:
         _plugins_loaded = True
