@@ -4,7 +4,7 @@ VENV := .venv
 # torch is not pinned by the package; this picks the build to install. 2.14.1 + torchvision 0.29.1
 # lie on the CI machines' disk (a CUDA build that also runs on the CPU).
 TORCH ?= torch==2.14.1 torchvision==0.29.1
-EXTRAS ?= vision,nlp,dev,xla
+EXTRAS ?= vision,nlp,dev,xla,ray
 
 .PHONY: install test lint format clean
 

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import shlex
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from torchkiln import __version__
 from torchkiln.errors import KilnUserError
+from torchkiln.runner.dist_launch import check_dist, run_dist_trial
+from torchkiln.runner.executors import LocalExecutor, PoolExecutor, RayExecutor, TrialExecutor
 from torchkiln.runner.launch import preflight, run_trial
 from torchkiln.runner.rundir import RunDir
 from torchkiln.runner.trial import TrialSpec
@@ -49,6 +53,25 @@ class TrialEvents:
     def trial_finished(self, spec: TrialSpec, result: dict[str, Any], resumed: bool) -> None: ...
 
 
+def placed(executor: TrialExecutor, device: str, dist: dict[str, Any] | None) -> TrialExecutor:
+    """Check that trials fit where the executor puts them: a pinned trial sees its GPU as
+    `cuda`, and a trial of N ranks needs N GPUs to itself."""
+    nproc = dist["nproc"] if dist else 1
+    if isinstance(executor, PoolExecutor) and any(s is not None for s in executor.slots):
+        if device != "cuda":
+            raise KilnUserError(
+                f"--executor pool pins each trial to one GPU: use --device cuda, not {device!r}"
+            )
+        if nproc > 1:
+            raise KilnUserError(
+                "--executor pool gives each trial one GPU; --nproc > 1 needs "
+                "--executor local (or ray)"
+            )
+    if isinstance(executor, RayExecutor) and executor.gpus_per_trial and nproc > 1:
+        executor = replace(executor, gpus_per_trial=nproc)
+    return executor
+
+
 def bench(
     workload: str,
     variants: Sequence[str] | None = None,
@@ -64,12 +87,21 @@ def bench(
     cache_dir: str | None = None,
     events: TrialEvents | None = None,
     spec_overrides: dict[str, Any] | None = None,
+    executor: TrialExecutor | None = None,
+    nproc: int | None = None,
+    dist: str | None = None,
 ) -> dict[str, Any]:
     """Measure each variant against the baseline on one workload; each trial in its own process.
 
     Returns the bench document (schema ``torchkiln.bench/1``) also written to the run directory.
+    ``executor`` decides where trials run (default: here, one after another). ``dist``
+    (``ddp`` or ``fsdp``) with ``nproc`` runs each training trial through torchrun on ``nproc``
+    ranks (see docs/scale.md).
+
     Raises KilnUserError for bad input (unknown names, a missing spec file, no GPU)."""
     events = events or TrialEvents()
+    dist_opts = check_dist(dist, nproc, step)
+    executor = placed(executor or LocalExecutor(), device, dist_opts)
     preset = resolve_preset(preset, device)
     variants = list(variants or default_variants(device))
     canonical = [parse_variant(v).spec for v in variants]  # raises on a bad spec, before work
@@ -105,27 +137,41 @@ def bench(
         "preset": preset,
         "baseline": baseline,
         "variants": canonical,
+        "executor": executor.describe(),
+        **({"dist": dist_opts} if dist_opts else {}),
     }
     run.write_manifest(info, ids)
-    results = []
-    for i, spec in enumerate(specs):
+    by_id: dict[str, dict[str, Any]] = {}
+    todo = []
+    for spec in specs:
         done = run.load_result(spec.id)
         if done is not None:
             events.trial_finished(spec, done, resumed=True)
-            results.append(done)
-            continue
-        events.trial_started(i, len(specs), spec)
-        result = run_trial(
-            spec,
-            run.trial_dir(spec.id),
-            timeout_s=timeout_s,
-            cache_dir=cache_dir,
-            on_phase=lambda phase, s=spec: events.trial_phase(s, phase),
-        )
-        run.save_result(spec.id, result)
+            by_id[spec.id] = done
+        else:
+            todo.append(spec)
+    order = {s.id: i for i, s in enumerate(specs)}
+
+    def started(spec: TrialSpec) -> None:
+        events.trial_started(order[spec.id], len(specs), spec)
+
+    def finished(spec: TrialSpec, result: dict[str, Any]) -> None:
+        run.save_result(spec.id, result)  # as each ends: a lost run keeps what finished
         run.write_manifest(info, ids)
         events.trial_finished(spec, result, resumed=False)
-        results.append(result)
+        by_id[spec.id] = result
+
+    on_phase = events.trial_phase if isinstance(executor, LocalExecutor) else None
+    run_one = partial(
+        _bench_trial,
+        run_path=str(run.path.resolve()),
+        timeout_s=timeout_s,
+        cache_dir=cache_dir,
+        on_phase=on_phase,
+        dist=dist_opts,
+    )
+    executor.run(todo, run_one, on_start=started, on_result=finished)
+    results = [by_id[s.id] for s in specs]
     env = next((r["environment"] for r in results if r.get("environment")), None)
     doc = {
         "schema": BENCH_SCHEMA,
@@ -139,6 +185,34 @@ def bench(
 
     write_json(run.path / "bench.json", doc)
     return doc
+
+
+def _bench_trial(
+    spec: TrialSpec,
+    gpu: int | None,
+    *,
+    run_path: str,
+    timeout_s: float,
+    cache_dir: str | None,
+    on_phase: Callable[[TrialSpec, str], None] | None,
+    dist: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """One bench trial, as an executor runs it (module level, so Ray can ship it)."""
+    trial_dir = RunDir(run_path).trial_dir(spec.id)
+    try:
+        trial_dir.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        # A Ray node that does not share the run directory's disk: the result still travels
+        # back to the driver, which writes it into the run directory.
+        trial_dir = Path(tempfile.mkdtemp(prefix=f"kiln-{spec.id}-"))
+    phase = None if on_phase is None else partial(on_phase, spec)
+    if dist:
+        return run_dist_trial(
+            spec, trial_dir, timeout_s=timeout_s, cache_dir=cache_dir, gpu=gpu, **dist
+        )
+    return run_trial(
+        spec, trial_dir, timeout_s=timeout_s, cache_dir=cache_dir, on_phase=phase, gpu=gpu
+    )
 
 
 def run_trials(

@@ -60,6 +60,23 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         help="share this compile cache between trials (default: a "
         "fresh cache per trial, so compile times are cold)",
     )
+    p.add_argument(
+        "--dist",
+        choices=["ddp", "fsdp"],
+        default=None,
+        help="run each training trial through torchrun, the model wrapped in DDP or FSDP2",
+    )
+    p.add_argument(
+        "--nproc", type=int, default=None, help="ranks per trial with --dist (default 1)"
+    )
+    p.add_argument(
+        "--executor",
+        choices=["local", "pool", "ray"],
+        default="local",
+        help="where trials run: one after another (local), one per visible GPU at once "
+        "(pool), or one Ray task each (ray; needs the 'ray' extra)",
+    )
+    p.add_argument("--address", help="with --executor ray: the cluster to join (default: local)")
 
 
 def _default_device() -> str:
@@ -116,6 +133,8 @@ class _Progress:
 def cmd_bench(args: argparse.Namespace) -> int:
     from torchkiln.api import bench, default_variants
     from torchkiln.report.table import render
+    from torchkiln.runner.dist_launch import check_dist, dist_summary_lines
+    from torchkiln.runner.executors import make_executor
 
     device = args.device or _default_device()
     _check_device(device)
@@ -125,6 +144,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         overrides["reps"] = args.reps
     if args.rep_ms:
         overrides["rep_ms"] = args.rep_ms
+    check_dist(args.dist, args.nproc, args.step)  # bad options fail before any progress bar
+    executor = make_executor(args.executor, device=device, address=args.address)
     with _Progress(len(variants)) as progress:
         doc = bench(
             args.workload,
@@ -140,8 +161,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
             cache_dir=args.cache_dir,
             events=progress,
             spec_overrides=overrides,
+            executor=executor,
+            nproc=args.nproc,
+            dist=args.dist,
         )
     render(doc)
+    if args.dist:
+        print("\n".join(dist_summary_lines(doc)))
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(doc, indent=2, default=str))
     return 0

@@ -109,24 +109,21 @@ class Estimator:
 
 def visible_gpus(device: str) -> list[int | None]:
     """One slot per visible GPU when `--device cuda` names no index and several are visible
-    (independent trials then run in parallel, one per GPU); otherwise one unpinned slot."""
+    (independent trials then run at once, one per GPU); otherwise one unpinned slot."""
     if device != "cuda":
         return [None]
-    import torch
+    from torchkiln.runner.executors import visible_gpus as gpus
 
-    n = torch.cuda.device_count()
-    return list(range(n)) if n > 1 else [None]
+    found = gpus()
+    return list(found) if len(found) > 1 else [None]
 
 
 def run_batch(run_one: Any, specs: list[TrialSpec], slots: list[int | None]) -> list[dict]:
     """Run up to len(slots) trials at once, each pinned to its own GPU; results in order."""
-    if len(specs) == 1:
-        return [run_one(specs[0], slots[0])]
-    from concurrent.futures import ThreadPoolExecutor
+    from torchkiln.runner.executors import LocalExecutor, PoolExecutor
 
-    with ThreadPoolExecutor(max_workers=len(specs)) as pool:
-        futures = [pool.submit(run_one, s, g) for s, g in zip(specs, slots, strict=False)]
-        return [f.result() for f in futures]
+    executor = PoolExecutor(slots[: len(specs)]) if len(specs) > 1 else LocalExecutor(slots[0])
+    return executor.run(specs, run_one)
 
 
 def run_in_process(spec: TrialSpec) -> dict[str, Any]:

@@ -1,0 +1,131 @@
+"""GPU evidence for issue 9: what DDP's wrapper costs on one GPU.
+
+    PYTHONPATH=src python3 benchmarks/bench_dist.py --out benchmarks/results/dist-h200
+
+For each workload (default: simple, full preset) and variant (eager, inductor), one training
+trial through torchrun with ``--dist ddp --nproc 1``. Inside that trial, rank 0 also times the
+same variant with no wrapper in the same process after the DDP arm is freed, so the overhead
+is a ratio of two steady states on the same GPU, minutes apart at most:
+``overhead = DDP step / plain step - 1`` (with the plain run's and DDP run's 95% intervals).
+A second, ordinary ``kiln bench`` trial (its own process, no torchrun) gives the plain step
+time across processes as a cross-check.
+
+Writes bench_dist.json (rows + environment + the run directories) into --out and prints a
+table. About 3 minutes on one H200 with `simple` (two inductor compiles per trial). Add
+``--workloads simple,resnet50`` for resnet50 (needs torchvision; ~2 more minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from torchkiln.api import bench
+
+SCHEMA = "kiln.bench_dist/1"
+
+
+def _ms(summary: dict | None) -> str:
+    if not summary:
+        return "-"
+    lo, hi = summary["ci95"]
+    return f"{summary['median']:.2f} [{lo:.2f}, {hi:.2f}]"
+
+
+def rows_for(workload: str, ddp: dict[str, Any], plain: dict[str, Any]) -> list[dict]:
+    plain_by_variant = {t["variant"]: t for t in plain["trials"]}
+    rows = []
+    for t in ddp["trials"]:
+        p = plain_by_variant.get(t["variant"], {})
+        single = (t.get("single_process") or {}).get("steady_ms")
+        ddp_ms = t.get("steady_ms") if t["status"] == "ok" else None
+        row = {
+            "workload": workload,
+            "variant": t["variant"],
+            "status": t["status"],
+            "reason": t.get("reason"),
+            "ddp1_ms": ddp_ms,
+            "plain_same_process_ms": single,
+            "plain_own_process_ms": p.get("steady_ms") if p.get("status") == "ok" else None,
+            "overhead_same_process": None,
+            "overhead_own_process": None,
+            "exposed_comm_share": t.get("exposed_comm_share"),
+            "first_call_s": {"ddp1": t.get("first_call_s"), "plain": p.get("first_call_s")},
+            "memory": {"ddp1": t.get("memory"), "plain": p.get("memory")},
+        }
+        if ddp_ms and single:
+            row["overhead_same_process"] = ddp_ms["median"] / single["median"] - 1
+        if ddp_ms and row["plain_own_process_ms"]:
+            row["overhead_own_process"] = (
+                ddp_ms["median"] / row["plain_own_process_ms"]["median"] - 1
+            )
+        rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="benchmarks/results/dist-h200")
+    ap.add_argument("--workloads", default="simple")
+    ap.add_argument("--variants", default="eager,inductor")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--preset", default="full")
+    ap.add_argument("--reps", type=int, default=10)
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    variants = args.variants.split(",")
+    overrides = {"reps": args.reps, "check_accuracy": False}
+    t0 = time.time()
+    rows, runs, env = [], {}, None
+    for workload in args.workloads.split(","):
+        common = dict(step="train", device=args.device, preset=args.preset, timeout_s=900)
+        ddp = bench(
+            workload,
+            variants,
+            out=out / f"{workload}-ddp1",
+            spec_overrides=overrides,
+            dist="ddp",
+            nproc=1,
+            **common,
+        )
+        plain = bench(
+            workload, variants, out=out / f"{workload}-plain", spec_overrides=overrides, **common
+        )
+        env = env or ddp.get("environment") or plain.get("environment")
+        runs[workload] = {"ddp1": ddp["run_dir"], "plain": plain["run_dir"]}
+        rows += rows_for(workload, ddp, plain)
+    doc = {
+        "schema": SCHEMA,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": " ".join([sys.executable, *sys.argv]),
+        "wall_s": time.time() - t0,
+        "environment": env,
+        "rows": rows,
+        "runs": runs,
+    }
+    (out / "bench_dist.json").write_text(json.dumps(doc, indent=2, default=str))
+    print(
+        f"{'workload':<10} {'variant':<12} {'DDP nproc=1 ms':<24} {'plain (same proc) ms':<24} "
+        f"{'overhead':>9} {'plain (own proc) ms':<24} {'overhead':>9}"
+    )
+    for r in rows:
+        same, own = r["overhead_same_process"], r["overhead_own_process"]
+        print(
+            f"{r['workload']:<10} {r['variant']:<12} {_ms(r['ddp1_ms']):<24} "
+            f"{_ms(r['plain_same_process_ms']):<24} "
+            f"{'-' if same is None else f'{100 * same:+.1f}%':>9} "
+            f"{_ms(r['plain_own_process_ms']):<24} "
+            f"{'-' if own is None else f'{100 * own:+.1f}%':>9}"
+            + (f"  {r['status']}: {r['reason']}" if r["status"] != "ok" else "")
+        )
+    print(f"wrote {out / 'bench_dist.json'} in {doc['wall_s']:.0f} s")
+    return 0 if all(r["status"] == "ok" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

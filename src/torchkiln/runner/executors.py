@@ -1,0 +1,259 @@
+"""Where trials run: one interface, three ways.
+
+An executor takes trial specs and a ``run_one(spec, gpu) -> result`` function (which runs the
+trial in its own process, as ``launch.run_trial`` does) and hands each result to ``on_result``
+as soon as it finishes, so the caller can write it into the run directory at once: a run that
+dies loses only the trials still running. Results come back in spec order as well.
+
+- ``LocalExecutor``: one trial after another (the default).
+- ``PoolExecutor``: one trial per slot at once; a slot is a GPU index, pinned with
+  CUDA_VISIBLE_DEVICES by ``run_one``.
+- ``RayExecutor``: one Ray task per trial (``num_gpus=1`` on GPU machines); Ray is an extra.
+
+A ``run_one`` that raises, or a Ray worker that dies, turns into a ``crashed`` result for that
+trial alone; the others go on."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import traceback
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any
+
+from torchkiln.errors import KilnUserError, MissingExtraError, require
+from torchkiln.runner.trial import TRIAL_SCHEMA, TrialSpec
+
+RunOne = Callable[[TrialSpec, "int | None"], dict[str, Any]]
+OnEvent = Callable[[TrialSpec, dict[str, Any]], None]
+OnStart = Callable[[TrialSpec], None]
+
+EXECUTORS = ("local", "pool", "ray")
+
+
+def lost_result(spec: TrialSpec, reason: str, detail: str = "") -> dict[str, Any]:
+    """The result of a trial whose worker was lost: it was not measured, and says why."""
+    return {
+        "schema": TRIAL_SCHEMA,
+        "id": spec.id,
+        "workload": spec.workload,
+        "variant": spec.variant,
+        "baseline": spec.baseline,
+        "step": spec.step,
+        "device": spec.device,
+        "preset": spec.preset,
+        "status": "crashed",
+        "reason": reason,
+        "phase": "start",
+        "notes": [],
+        **({"traceback": detail[-8000:]} if detail else {}),
+    }
+
+
+class TrialExecutor:
+    """Runs trials; ``run`` returns their results in spec order and streams each to
+    ``on_result`` (called in the caller's thread) as it finishes."""
+
+    name = ""
+
+    def run(
+        self,
+        specs: Sequence[TrialSpec],
+        run_one: RunOne,
+        *,
+        on_start: OnStart | None = None,
+        on_result: OnEvent | None = None,
+    ) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name}
+
+
+def _call(run_one: RunOne, spec: TrialSpec, gpu: int | None) -> dict[str, Any]:
+    """``run_one`` already turns a trial's crash into a status; a failure of ``run_one`` itself
+    (a full disk, a bug) must not take the other trials down, so it becomes one too."""
+    try:
+        return run_one(spec, gpu)
+    except Exception as exc:  # noqa: BLE001  (every failure becomes a reported status)
+        return lost_result(
+            spec,
+            f"the executor could not run the trial: {type(exc).__name__}: {exc}",
+            traceback.format_exc(),
+        )
+
+
+class LocalExecutor(TrialExecutor):
+    """One trial at a time, in order, in this machine's processes."""
+
+    name = "local"
+
+    def __init__(self, gpu: int | None = None) -> None:
+        self.gpu = gpu
+
+    def run(self, specs, run_one, *, on_start=None, on_result=None):
+        results = []
+        for spec in specs:
+            if on_start:
+                on_start(spec)
+            result = _call(run_one, spec, self.gpu)
+            if on_result:
+                on_result(spec, result)
+            results.append(result)
+        return results
+
+
+def visible_gpus() -> list[int]:
+    """GPU indices this process may use: CUDA_VISIBLE_DEVICES's entries, or every device."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        entries = [e.strip() for e in env.split(",") if e.strip()]
+        if not all(e.isdigit() for e in entries):
+            raise KilnUserError(
+                f"CUDA_VISIBLE_DEVICES={env!r}: the pool executor needs integer indices"
+            )
+        return [int(e) for e in entries]
+    import torch
+
+    return list(range(torch.cuda.device_count()))
+
+
+class PoolExecutor(TrialExecutor):
+    """As many trials at once as there are slots; each slot (a GPU index, or None for a CPU
+    slot) runs one trial at a time, so no two trials share a GPU and time each other."""
+
+    name = "pool"
+
+    def __init__(self, slots: Sequence[int | None] | None = None) -> None:
+        if slots is None:
+            slots = visible_gpus()
+            if not slots:
+                raise KilnUserError(
+                    "--executor pool runs one trial per visible GPU and there is none; "
+                    "use --executor local (trials sharing CPU cores would time each other)"
+                )
+        if not slots:
+            raise ValueError("a pool needs at least one slot")
+        self.slots = list(slots)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "slots": self.slots}
+
+    def run(self, specs, run_one, *, on_start=None, on_result=None):
+        results: list[dict[str, Any] | None] = [None] * len(specs)
+        free = list(self.slots)
+        queue = list(enumerate(specs))
+        running: dict[Future, tuple[int, int | None]] = {}
+        with ThreadPoolExecutor(max_workers=len(self.slots)) as pool:
+            while queue or running:
+                while queue and free:
+                    i, spec = queue.pop(0)
+                    slot = free.pop(0)
+                    if on_start:
+                        on_start(spec)
+                    running[pool.submit(_call, run_one, spec, slot)] = (i, slot)
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    i, slot = running.pop(fut)
+                    free.append(slot)
+                    results[i] = fut.result()  # _call never raises
+                    if on_result:
+                        on_result(specs[i], results[i])
+        return [r for r in results if r is not None]
+
+
+def _ray_trial(run_one: RunOne, spec: TrialSpec) -> dict[str, Any]:
+    """The Ray task: Ray has already pinned the task's GPU in CUDA_VISIBLE_DEVICES."""
+    result = _call(run_one, spec, None)
+    result.setdefault("notes", []).append(f"ran on Ray node {os.uname().nodename}")
+    return result
+
+
+@dataclass
+class RayExecutor(TrialExecutor):
+    """One Ray task per trial. ``address`` joins a running cluster ("auto", "ray://host:port");
+    None starts a local one. ``gpus_per_trial`` is 1 on GPU machines (Ray then sets the task's
+    CUDA_VISIBLE_DEVICES). A task whose worker dies is retried ``retries`` times by Ray, then
+    reported as ``crashed``; the other tasks are unaffected."""
+
+    address: str | None = None
+    gpus_per_trial: float = 0
+    retries: int = 1
+    num_cpus: int | None = None  # for a local cluster only
+
+    name = "ray"
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "address": self.address,
+            "gpus_per_trial": self.gpus_per_trial,
+            "retries": self.retries,
+        }
+
+    def _connect(self) -> tuple[Any, bool]:
+        ray = require("ray", "ray", "--executor ray")
+        if ray.is_initialized():
+            return ray, False
+        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+        if self.address:
+            kwargs["address"] = self.address
+        elif self.num_cpus:
+            kwargs["num_cpus"] = self.num_cpus
+        try:
+            ray.init(**kwargs)
+        except ConnectionError as exc:
+            raise KilnUserError(f"--address {self.address!r}: cannot reach Ray: {exc}") from exc
+        return ray, True
+
+    def run(self, specs, run_one, *, on_start=None, on_result=None):
+        ray, started = self._connect()
+        try:
+            task = ray.remote(num_cpus=1, num_gpus=self.gpus_per_trial, max_retries=self.retries)(
+                _ray_trial
+            )
+            refs = {}
+            for i, spec in enumerate(specs):
+                if on_start:
+                    on_start(spec)
+                refs[task.remote(run_one, spec)] = i
+            results: list[dict[str, Any] | None] = [None] * len(specs)
+            pending = list(refs)
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
+                for ref in done:
+                    i = refs[ref]
+                    try:
+                        result = ray.get(ref)
+                    except ray.exceptions.RayError as exc:
+                        result = lost_result(
+                            specs[i],
+                            f"the Ray worker running the trial was lost after "
+                            f"{self.retries + 1} attempt(s): {type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0] if str(exc) else ''}",
+                            str(exc),
+                        )
+                    results[i] = result
+                    if on_result:
+                        on_result(specs[i], result)
+            return [r for r in results if r is not None]
+        finally:
+            if started:
+                ray.shutdown()
+
+
+def make_executor(name: str, *, device: str = "cpu", address: str | None = None):
+    """The executor the CLI's ``--executor`` names."""
+    if name not in EXECUTORS:
+        raise KilnUserError(f"--executor {name!r}; choose from {list(EXECUTORS)}")
+    if address and name != "ray":
+        raise KilnUserError("--address is for --executor ray")
+    if name == "local":
+        return LocalExecutor()
+    if name == "pool":
+        return PoolExecutor()
+    if importlib.util.find_spec("ray") is None:  # say so now, not after the preflight
+        raise MissingExtraError("ray", "ray", "--executor ray")
+    return RayExecutor(address=address, gpus_per_trial=1 if device.startswith("cuda") else 0)
