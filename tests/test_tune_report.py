@@ -94,3 +94,16 @@ def _kiln_long(*args):
     return subprocess.run(
         [sys.executable, "-m", "torchkiln.cli", *args], capture_output=True, text=True, timeout=900
     )
+
+
+def test_inductor_vs_xla_section_when_both_ran():
+    doc = synthetic_tune_doc()
+    assert "Inductor vs XLA" not in markdown(doc)
+    xla = dict(doc["trials"][1], variant="xla", first_call_s=6.8)
+    xla["memory"] = {"jax_peak_bytes_in_use": 3 * 2**30}
+    xla["xla"] = {"shape_recompiles": [{"recompiled": True}, {"recompiled": False}]}
+    doc["trials"].append(xla)
+    md = markdown(doc)
+    assert "## Inductor vs XLA" in md
+    assert "3.00 GiB (JAX peak)" in md and "1 of 2 new shapes recompiled" in md
+    assert "Inductor vs XLA" in html(doc)

@@ -8,8 +8,9 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from torchkiln.report import svg
+from torchkiln.report import compare_xla, svg
 from torchkiln.report.table import fmt_accuracy, fmt_memory, fmt_ms, fmt_speedup, fmt_tflops
+from torchkiln.tune.select import step_s
 
 GIB = 1024**3
 
@@ -83,6 +84,13 @@ def markdown(doc: dict[str, Any]) -> str:
         out += ["| " + " | ".join(heads) + " |", "|" + "--|" * len(heads)]
         out += ["| " + " | ".join(_md(r[h]) for h in heads) + " |" for r in rows]
         out.append("")
+    versus = compare_xla.rows(doc)
+    if versus:
+        heads = list(versus[0])
+        out += ["## Inductor vs XLA (measured in this run)", ""]
+        out += ["| " + " | ".join(heads) + " |", "|" + "--|" * len(heads)]
+        out += ["| " + " | ".join(_md(r[h]) for h in heads) + " |" for r in versus]
+        out.append("")
     stages = doc.get("stages") or {}
     prof = stages.get("profile") or {}
     gb = stages.get("graph_breaks") or {}
@@ -132,23 +140,27 @@ def html(doc: dict[str, Any]) -> str:
         ),
     ]
     horizon = _horizon(doc, ok)
-    charts.append(
-        svg.lines(
-            "Cumulative time against steps (break-even where lines cross)",
-            [
-                (
-                    r["variant"],
-                    [
-                        (0, r["first_call_s"]),
-                        (horizon, r["first_call_s"] + horizon * r["steady_ms"]["median"] / 1e3),
-                    ],
-                )
-                for r in ok
-            ],
-            "steps",
-            "seconds",
+    eager = next((r for r in ok if r["variant"] == "eager"), None)
+    if eager is not None:
+        # Step times on the eager trial's clock, from each paired speedup (see select.step_s).
+        charts.append(
+            svg.lines(
+                "Cumulative time against steps (break-even where lines cross)",
+                [
+                    (
+                        r["variant"],
+                        [
+                            (0, r["first_call_s"]),
+                            (horizon, r["first_call_s"] + horizon * step_s(r, eager)),
+                        ],
+                    )
+                    for r in ok
+                    if r["status"] == "ok"
+                ],
+                "steps",
+                "seconds",
+            )
         )
-    )
     mem = [
         (
             r["variant"],
@@ -175,15 +187,11 @@ def html(doc: dict[str, Any]) -> str:
     rows = trial_rows(doc)
     table = ""
     if rows:
-        heads = list(rows[0])
-        table = "<table><tr>" + "".join(f"<th>{escape(h)}</th>" for h in heads) + "</tr>"
-        table += (
-            "".join(
-                "<tr>" + "".join(f"<td>{escape(str(r[h]))}</td>" for h in heads) + "</tr>"
-                for r in rows
-            )
-            + "</table>"
-        )
+        table = _html_table(rows, list(rows[0]))
+    versus = compare_xla.rows(doc)
+    if versus:
+        heads = list(versus[0])
+        table += "<h2>Inductor vs XLA (measured in this run)</h2>" + _html_table(versus, heads)
     pick = (
         (
             f"<p><b>Pick: <code>{escape(rec['variant'])}</code></b> — "
@@ -202,6 +210,18 @@ def html(doc: dict[str, Any]) -> str:
         f"{escape(doc['device'])})</h1>{pick}{table}"
         + "".join(f"<div>{c}</div>" for c in charts if c)
         + f"<h2>Evidence</h2><pre>{evidence}</pre></body></html>"
+    )
+
+
+def _html_table(rows: list[dict[str, str]], heads: list[str]) -> str:
+    return (
+        "<table><tr>"
+        + "".join(f"<th>{escape(h)}</th>" for h in heads)
+        + "</tr>"
+        + "".join(
+            "<tr>" + "".join(f"<td>{escape(str(r[h]))}</td>" for h in heads) + "</tr>" for r in rows
+        )
+        + "</table>"
     )
 
 
