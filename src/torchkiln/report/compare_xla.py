@@ -20,8 +20,10 @@ def _memory(r: dict[str, Any]) -> str:
 
 
 def _recompiles(r: dict[str, Any]) -> str:
-    shapes = (r.get("xla") or {}).get("shape_recompiles")
-    if shapes:
+    if "xla" in r or r["variant"].startswith("xla"):
+        shapes = (r.get("xla") or {}).get("shape_recompiles")
+        if not shapes:
+            return "not measured: the workload has one input shape"
         done = [s for s in shapes if s.get("recompiled")]
         return f"{len(done)} of {len(shapes)} new shapes recompiled"
     dyn = r.get("dynamo_after_measure") or r.get("dynamo") or {}

@@ -107,6 +107,16 @@ def render(doc: dict[str, Any], console: Any = None) -> None:
     for row in rows(doc):
         table.add_row(*row)
     console.print(table)
+    from torchkiln.report import compare_xla
+
+    versus = compare_xla.rows(doc)
+    if versus:
+        side = Table(title="Inductor vs XLA (measured in this run)")
+        for h in versus[0]:
+            side.add_column(h, overflow="fold")
+        for r in versus:
+            side.add_row(*r.values())
+        console.print(side)
     env = doc.get("environment") or {}
     gpu = (env.get("gpu") or {}).get("name") or env.get("cpu") or "?"
     console.print(
