@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchkiln.errors import KilnUserError, MissingExtraError, require
-from torchkiln.runner.trial import TRIAL_SCHEMA, TrialSpec
+from torchkiln.runner.trial import TrialSpec, base_result
 
 RunOne = Callable[[TrialSpec, "int | None"], dict[str, Any]]
 OnEvent = Callable[[TrialSpec, dict[str, Any]], None]
@@ -35,21 +35,11 @@ EXECUTORS = ("local", "pool", "ray")
 
 def lost_result(spec: TrialSpec, reason: str, detail: str = "") -> dict[str, Any]:
     """The result of a trial whose worker was lost: it was not measured, and says why."""
-    return {
-        "schema": TRIAL_SCHEMA,
-        "id": spec.id,
-        "workload": spec.workload,
-        "variant": spec.variant,
-        "baseline": spec.baseline,
-        "step": spec.step,
-        "device": spec.device,
-        "preset": spec.preset,
-        "status": "crashed",
-        "reason": reason,
-        "phase": "start",
-        "notes": [],
-        **({"traceback": detail[-8000:]} if detail else {}),
-    }
+    result = base_result(spec, "crashed", reason)
+    result["phase"] = "start"
+    if detail:
+        result["traceback"] = detail[-8000:]
+    return result
 
 
 class TrialExecutor:

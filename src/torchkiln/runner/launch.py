@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from torchkiln.runner.trial import TRIAL_SCHEMA, TrialSpec
+from torchkiln.runner.trial import TrialSpec, base_result
 
 STDERR_TAIL_CHARS = 4000
 
@@ -153,19 +153,7 @@ def run_trial(
 
 
 def _failure(spec: TrialSpec, status: str, reason: str) -> dict[str, Any]:
-    return {
-        "schema": TRIAL_SCHEMA,
-        "id": spec.id,
-        "workload": spec.workload,
-        "variant": spec.variant,
-        "baseline": spec.baseline,
-        "step": spec.step,
-        "device": spec.device,
-        "preset": spec.preset,
-        "status": status,
-        "reason": reason,
-        "notes": [],
-    }
+    return base_result(spec, status, reason)
 
 
 def preflight(spec: TrialSpec, work_dir: Path, timeout_s: float) -> dict[str, Any]:

@@ -58,3 +58,22 @@ class TrialSpec:
 
 def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")[:80] or "trial"
+
+
+def base_result(spec: TrialSpec, status: str | None = None, reason: str | None = None) -> dict:
+    """The fields every trial result starts with, whoever writes it (the worker, the launcher
+    for a crash or timeout, an executor for a lost worker)."""
+    return {
+        "schema": TRIAL_SCHEMA,
+        "id": spec.id,
+        "workload": spec.workload,
+        "variant": spec.variant,
+        "baseline": spec.baseline,
+        "step": spec.step,
+        "device": spec.device,
+        "preset": spec.preset,
+        "status": status,
+        "reason": reason,
+        "phase": None,
+        "notes": [],
+    }

@@ -14,7 +14,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from torchkiln.runner.trial import TRIAL_SCHEMA, TrialSpec
+from torchkiln.runner.trial import TrialSpec, base_result
 
 
 def write_json(path: str | Path, data: dict[str, Any]) -> None:
@@ -99,20 +99,7 @@ def main(argv: list[str]) -> int:
 
     phases = Phases(phase_path)
     t0 = time.perf_counter()
-    result: dict[str, Any] = {
-        "schema": TRIAL_SCHEMA,
-        "id": spec.id,
-        "workload": spec.workload,
-        "variant": spec.variant,
-        "baseline": spec.baseline,
-        "step": spec.step,
-        "device": spec.device,
-        "preset": spec.preset,
-        "status": None,
-        "reason": None,
-        "phase": None,
-        "notes": [],
-    }
+    result: dict[str, Any] = base_result(spec)
     try:
         measure_trial(spec, result, phases)
     except Exception as exc:  # noqa: BLE001  (every failure becomes a reported status)

@@ -16,7 +16,7 @@ from torchkiln.errors import KilnUserError
 from torchkiln.measure.environment import collect as collect_environment
 from torchkiln.runner.launch import preflight, run_trial
 from torchkiln.runner.rundir import RunDir
-from torchkiln.runner.trial import TrialSpec
+from torchkiln.runner.trial import TrialSpec, base_result
 from torchkiln.runner.worker import write_json
 from torchkiln.tune import recommend
 from torchkiln.tune.search import Evidence, candidates, estimate_trial_s
@@ -128,12 +128,10 @@ def run_batch(run_one: Any, specs: list[TrialSpec], slots: list[int | None]) -> 
 
 def run_in_process(spec: TrialSpec) -> dict[str, Any]:
     """A trial in this process (the fallback when the model cannot reach a trial process)."""
-    from torchkiln.runner.launch import _failure
     from torchkiln.runner.measure_trial import measure_trial
     from torchkiln.runner.worker import Phases, classify_error
 
-    result = _failure(spec, "ok", "")
-    result.update(status=None, reason=None)
+    result = base_result(spec)
     phases = Phases(None)
     try:
         measure_trial(spec, result, phases)
