@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -81,3 +82,23 @@ def run_module(
         timed_out=timed_out,
         elapsed_s=time.perf_counter() - start,
     )
+
+
+def run_json_worker(
+    module: str,
+    request: dict,
+    workdir: str | Path,
+    *,
+    timeout: float,
+    env: Mapping[str, str | None] | None = None,
+) -> tuple[ProcResult, dict | None]:
+    """Write ``request`` as JSON, run ``python -m module REQUEST RESULT`` in its own process,
+    and read its JSON result back; None when the worker left no readable result (it crashed
+    or timed out, which ``ProcResult`` says)."""
+    req_file, out_file = Path(workdir) / "request.json", Path(workdir) / "result.json"
+    req_file.write_text(json.dumps(request))
+    proc = run_module(module, [str(req_file), str(out_file)], timeout=timeout, env=env)
+    try:
+        return proc, json.loads(out_file.read_text())
+    except (OSError, ValueError):
+        return proc, None

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from torchkiln.diagnose._subproc import run_module
+from torchkiln.diagnose._subproc import run_json_worker
 from torchkiln.diagnose.render_explain import render
 from torchkiln.errors import KilnUserError
 
@@ -106,12 +106,8 @@ def explain(
         trace_path.mkdir(parents=True, exist_ok=True)
         env["TORCH_TRACE"] = str(trace_path)
     with tempfile.TemporaryDirectory(prefix="kiln-explain-") as tmp:
-        req_file, out_file = Path(tmp) / "request.json", Path(tmp) / "result.json"
-        req_file.write_text(json.dumps(req))
-        proc = run_module(WORKER, [str(req_file), str(out_file)], timeout=timeout, env=env)
-        try:
-            report = json.loads(out_file.read_text())
-        except (OSError, ValueError):
+        proc, report = run_json_worker(WORKER, req, tmp, timeout=timeout, env=env)
+        if report is None:
             report = {"schema": "kiln.explain/1", "request": req, "phases": {}}
     report["worker"] = {"elapsed_s": round(proc.elapsed_s, 3), "returncode": proc.returncode}
     if proc.timed_out:

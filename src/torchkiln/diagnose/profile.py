@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from torchkiln.diagnose._subproc import run_module
+from torchkiln.diagnose._subproc import run_json_worker
 from torchkiln.errors import KilnUserError
 
 WORKER = "torchkiln.diagnose.profile_worker"
@@ -89,12 +89,8 @@ def run_profile(
             "TRITON_CACHE_DIR": str(cache / "triton"),
             "PYTHONUNBUFFERED": "1",
         }
-        req_file, out_file = Path(tmp) / "request.json", Path(tmp) / "result.json"
-        req_file.write_text(json.dumps(req))
-        proc = run_module(WORKER, [str(req_file), str(out_file)], timeout=timeout_s, env=env)
-        try:
-            doc = json.loads(out_file.read_text())
-        except (OSError, ValueError):
+        proc, doc = run_json_worker(WORKER, req, tmp, timeout=timeout_s, env=env)
+        if doc is None:
             doc = {"schema": "kiln.profile/1", "request": req, "phase": "start"}
     doc["request"] = {**req, "trace_path": str(kept) if kept else None}
     doc["trace"] = str(kept) if kept is not None and kept.exists() else None
