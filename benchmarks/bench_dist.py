@@ -13,6 +13,14 @@ time across processes as a cross-check.
 Writes bench_dist.json (rows + environment + the run directories) into --out and prints a
 table. About 3 minutes on one H200 with `simple` (two inductor compiles per trial). Add
 ``--workloads simple,resnet50`` for resnet50 (needs torchvision; ~2 more minutes).
+
+Scaling (several GPUs of one host): ``--nprocs 2`` (or ``2,4,8``) runs, instead of the overhead
+pair, one DDP trial per process count; inside each, rank 0 times one plain process as the
+reference, so the weak-scaling efficiency (one process's step time over the N-rank step time)
+is a ratio measured minutes apart on the same machine. Writes bench_dist_scaling.json:
+
+    PYTHONPATH=src python3 benchmarks/bench_dist.py --out benchmarks/results/dist-h200x2 \
+        --workloads resnet50,bert-base --variants eager+bf16,inductor+bf16 --nprocs 2
 """
 
 from __future__ import annotations
@@ -67,6 +75,91 @@ def rows_for(workload: str, ddp: dict[str, Any], plain: dict[str, Any]) -> list[
     return rows
 
 
+def scaling_rows(workload: str, nproc: int, doc: dict[str, Any]) -> list[dict]:
+    rows = []
+    for t in doc["trials"]:
+        ok = t["status"] == "ok"
+        single = (t.get("single_process") or {}).get("steady_ms")
+        rows.append(
+            {
+                "workload": workload,
+                "variant": t["variant"],
+                "nproc": nproc,
+                "status": t["status"],
+                "reason": t.get("reason"),
+                "step_ms": t.get("steady_ms") if ok else None,
+                "one_process_ms": single,
+                "throughput_samples_s": t.get("throughput_samples_s") if ok else None,
+                "scaling_efficiency": t.get("scaling_efficiency") if ok else None,
+                "scaling_efficiency_ci95": t.get("scaling_efficiency_ci95") if ok else None,
+                "speedup_vs_eager_ddp": t.get("speedup") if ok else None,
+                "exposed_comm_share": t.get("exposed_comm_share"),
+                "losses_match": (t.get("losses") or {}).get("match"),
+                "first_call_s": t.get("first_call_s"),
+                "memory": t.get("memory"),
+            }
+        )
+    return rows
+
+
+def run_scaling(args: argparse.Namespace, out: Path, variants: list[str], overrides: dict) -> int:
+    t0 = time.time()
+    rows, runs, env = [], {}, None
+    path = out / "bench_dist_scaling.json"
+    for workload in args.workloads.split(","):
+        for nproc in (int(n) for n in args.nprocs.split(",")):
+            doc = bench(
+                workload,
+                variants,
+                step="train",
+                device=args.device,
+                preset=args.preset,
+                timeout_s=args.timeout,
+                out=out / f"{workload}-{args.dist}{nproc}",
+                spec_overrides=overrides,
+                dist=args.dist,
+                nproc=nproc,
+            )
+            env = env or doc.get("environment")
+            runs[f"{workload}-{nproc}"] = doc["run_dir"]
+            rows += scaling_rows(workload, nproc, doc)
+            # Rewritten after every run so a stopped sweep keeps what it measured.
+            path.write_text(
+                json.dumps(
+                    {
+                        "schema": SCHEMA + "-scaling",
+                        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                        "command": " ".join([sys.executable, *sys.argv]),
+                        "dist": args.dist,
+                        "wall_s": time.time() - t0,
+                        "environment": env,
+                        "rows": rows,
+                        "runs": runs,
+                    },
+                    indent=2,
+                    default=str,
+                )
+            )
+    print(
+        f"{'workload':<10} {'variant':<16} {'N':>2} {'step ms (N ranks)':<24} "
+        f"{'1 process ms':<24} {'efficiency':>16} {'samples/s':>10} {'exposed comm':>12}"
+    )
+    for r in rows:
+        eff, ci = r["scaling_efficiency"], r["scaling_efficiency_ci95"]
+        eff_s = f"{100 * eff:.0f}% [{100 * ci[0]:.0f},{100 * ci[1]:.0f}]" if eff and ci else "-"
+        comm = r["exposed_comm_share"]
+        tput = r["throughput_samples_s"]
+        print(
+            f"{r['workload']:<10} {r['variant']:<16} {r['nproc']:>2} {_ms(r['step_ms']):<24} "
+            f"{_ms(r['one_process_ms']):<24} {eff_s:>16} "
+            f"{'-' if tput is None else f'{tput:.0f}':>10} "
+            f"{'-' if comm is None else f'{100 * comm:.1f}%':>12}"
+            + (f"  {r['status']}: {r['reason']}" if r["status"] != "ok" else "")
+        )
+    print(f"wrote {path} in {time.time() - t0:.0f} s")
+    return 0 if all(r["status"] == "ok" for r in rows) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="benchmarks/results/dist-h200")
@@ -75,15 +168,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--preset", default="full")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per trial")
+    ap.add_argument("--nprocs", default=None, help="scaling sweep, e.g. 2 or 2,4,8 (see above)")
+    ap.add_argument("--dist", default="ddp", choices=["ddp", "fsdp"], help="with --nprocs")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     variants = args.variants.split(",")
     overrides = {"reps": args.reps, "check_accuracy": False}
+    if args.nprocs:
+        return run_scaling(args, out, variants, overrides)
     t0 = time.time()
     rows, runs, env = [], {}, None
     for workload in args.workloads.split(","):
-        common = dict(step="train", device=args.device, preset=args.preset, timeout_s=900)
+        common = dict(step="train", device=args.device, preset=args.preset, timeout_s=args.timeout)
         ddp = bench(
             workload,
             variants,

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The GPU evidence of several issues in one go on a host with two H200s, every job under its
+# own time limit, results under ROOT (default /tmp/kiln_gpu). Each benchmark it calls can also
+# be run on its own: the commands are the ones in benchmarks/README.md.
+#
+#   bash benchmarks/h200_queue.sh start [ROOT]          # detaches (setsid); returns at once
+#   bash benchmarks/h200_queue.sh wait ROOT SECONDS DIR # waits for the end or SECONDS, then
+#                                                       # packs ROOT into DIR/gpu.tgz
+#
+# Phase 1 uses both GPUs (DDP scaling). Phase 2 runs two queues side by side, one per GPU,
+# each pinned to half of the host's cores and given half of Inductor's compile threads, so
+# one queue's compiles do not share cores with the other queue's timed steps.
+set -u
+cmd=${1:-start}
+ROOT=${2:-/tmp/kiln_gpu}
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}src PYTHONUNBUFFERED=1
+
+job() { # job NAME TIMEOUT_S COMMAND...: one line per job in ROOT/status.txt
+  local name=$1 limit=$2
+  shift 2
+  echo "$(date +%T) start $name" >>"$ROOT/status.txt"
+  local t0=$SECONDS
+  timeout -k 10 "$limit" "$@" >"$ROOT/logs/$name.txt" 2>&1
+  local rc=$?
+  echo "$(date +%T) end   $name rc=$rc $((SECONDS - t0))s" >>"$ROOT/status.txt"
+}
+
+queue0() {
+  job plain_gap 150 python3 benchmarks/diagnose_plain_gap.py --out "$ROOT/plain_gap.json"
+  job profile 300 python3 benchmarks/capture_profile_fixtures.py --out "$ROOT/profile"
+  job kernels 330 python3 benchmarks/bench_kernels.py --out "$ROOT/kernels" --budget-s 240
+  job xla 540 bash -c "python3 -m pip install -q --no-index --no-deps --no-compile \
+    --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site:\$PYTHONPATH python3 \
+    benchmarks/bench_xla.py --out $ROOT/xla --timeout-s 240"
+  job dist1 300 python3 benchmarks/bench_dist.py --out "$ROOT/dist1" \
+    --workloads simple,resnet50 --timeout 240
+}
+
+queue1() {
+  job pytest_gpu 400 python3 -m pytest -q -m gpu tests
+  job pytest_diagnose 480 python3 -m pytest -q tests/diagnose
+  job zoo_checks 240 python3 benchmarks/bench_zoo.py --out "$ROOT/zoo" --workloads resnet50 \
+    --steps infer --precisions bf16 --modes eager --aa --plain-check --timeout 200
+  job serve 600 python3 benchmarks/bench_serve.py --out "$ROOT/serve"
+}
+
+case $cmd in
+start)
+  mkdir -p "$ROOT/logs"
+  : >"$ROOT/status.txt"
+  setsid nohup bash "$0" phases "$ROOT" >"$ROOT/logs/queue.txt" 2>&1 </dev/null &
+  echo "started; status in $ROOT/status.txt"
+  ;;
+phases)
+  nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
+  job dist_scaling 420 python3 benchmarks/bench_dist.py --out "$ROOT/dist2" \
+    --workloads resnet50,bert-base --variants eager+bf16,inductor+bf16 --nprocs 2 --timeout 300
+  half=$(($(nproc) / 2))
+  (export CUDA_VISIBLE_DEVICES=0 TORCHINDUCTOR_COMPILE_THREADS=$half
+    taskset -pc "0-$((half - 1))" $BASHPID >/dev/null
+    queue0) &
+  (export CUDA_VISIBLE_DEVICES=1 TORCHINDUCTOR_COMPILE_THREADS=$half
+    taskset -pc "$half-$((2 * half - 1))" $BASHPID >/dev/null
+    queue1) &
+  wait
+  echo "$(date +%T) all done" >>"$ROOT/status.txt"
+  ;;
+wait)
+  limit=$3
+  dest=$4
+  t0=$SECONDS
+  while ! grep -q "all done" "$ROOT/status.txt" && ((SECONDS - t0 < limit)); do sleep 5; done
+  cat "$ROOT/status.txt"
+  # Full profiler traces stay behind (the trimmed fixtures are what the tests need).
+  (cd "$ROOT" && find . -type f -size -8M -print0 | tar czf "$dest/gpu.tgz" --null -T -)
+  ls -la "$dest"
+  ;;
+esac
