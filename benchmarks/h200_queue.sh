@@ -6,6 +6,7 @@
 #   bash benchmarks/h200_queue.sh start [ROOT]          # detaches (setsid); returns at once
 #   bash benchmarks/h200_queue.sh wait ROOT SECONDS DIR # waits for the end or SECONDS, then
 #                                                       # packs ROOT into DIR/gpu.tgz
+#   bash benchmarks/h200_queue.sh recheck ROOT DIR      # one GPU, ~5 min (see below)
 #
 # Phase 1 uses both GPUs (DDP scaling). Phase 2 runs two queues side by side, one per GPU,
 # each pinned to half of the host's cores and given half of Inductor's compile threads, so
@@ -64,6 +65,22 @@ phases)
     queue1) &
   wait
   echo "$(date +%T) all done" >>"$ROOT/status.txt"
+  ;;
+recheck)
+  # One GPU, in the foreground, about 5 minutes: the fixes made after the first pass
+  # (kernels under torch.compile, fixture trimming, xla training, serve's eager arm alone).
+  mkdir -p "$ROOT/logs"
+  : >"$ROOT/status.txt"
+  job kernels_compile 80 python3 -m pytest -q tests/kernels/test_kernels_gpu.py -k compile
+  job profile 85 python3 benchmarks/capture_profile_fixtures.py --out "$ROOT/profile"
+  job xla_train 105 bash -c "python3 -m pip install -q --no-index --no-deps --no-compile \
+    --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site:\$PYTHONPATH python3 \
+    benchmarks/bench_xla.py --out $ROOT/xla --workloads resnet50 --steps train \
+    --variants xla+bf16 --timeout-s 100"
+  job serve_eager 45 python3 benchmarks/bench_serve.py --out "$ROOT/serve" --arms eager \
+    --requests 300
+  cat "$ROOT/status.txt"
+  (cd "$ROOT" && find . -type f -size -8M -print0 | tar czf "$3/gpu.tgz" --null -T -)
   ;;
 wait)
   limit=$3

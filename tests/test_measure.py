@@ -11,7 +11,7 @@ import torch
 
 from torchkiln.measure import correctness as corr
 from torchkiln.measure.memory import MemoryTracker
-from torchkiln.measure.stats import paired_speedup, summarize
+from torchkiln.measure.stats import paired_speedup, summarize, unpaired_speedup
 from torchkiln.measure.timer import StepTimer, calibrate_steps
 
 
@@ -179,3 +179,15 @@ def test_a_tensor_that_is_exactly_zero_is_judged_on_its_groups_scale():
     assert report.passed
     wrong = [("update.w", ref[0][1] * 1.5), ("update.key_bias", torch.full((10,), 2e-8))]
     assert not corr.compare(wrong, eager, ref, multiplier=3.0, relative_floor=1e-3).passed
+
+
+def test_unpaired_speedup_is_a_ratio_of_medians_with_an_interval_around_it():
+    rng = np.random.default_rng(1)
+    base = 10.0 + rng.normal(0, 0.1, 30)
+    var = 5.0 + rng.normal(0, 0.05, 20)
+    sp = unpaired_speedup(base, var)
+    assert sp.median == pytest.approx(np.median(base) / np.median(var))
+    assert sp.ci95[0] < sp.median < sp.ci95[1]
+    assert 1.9 < sp.ci95[0] and sp.ci95[1] < 2.1
+    assert sp.significant and not sp.paired and sp.to_dict()["paired"] is False
+    assert paired_speedup(base[:20], var).to_dict()["paired"] is True

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from torchkiln.diagnose import profile as profile_cmd
 from torchkiln.diagnose.profile import run_profile
@@ -96,8 +97,12 @@ def test_bad_requests_fail_before_a_process_starts() -> None:
         run_profile(SLEEPY, variant="nosuchbackend")
     with pytest.raises(KilnUserError, match="--steps"):
         run_profile(SLEEPY, steps=0)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="asks for a GPU where there is none")
+def test_asking_for_cuda_without_a_gpu_fails_before_a_process_starts() -> None:
     with pytest.raises(KilnUserError, match="cuda"):
-        run_profile(SLEEPY, device="cuda")  # CI has no GPU (the gpu-marked tests skip there)
+        run_profile(SLEEPY, device="cuda")
 
 
 @pytest.mark.parametrize(

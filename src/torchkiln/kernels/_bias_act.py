@@ -52,6 +52,7 @@ def _bias_act_fwd(
     x_ptr, b_ptr, y_ptr, M, N, scale,
     ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
+    scale = tl.cast(scale, tl.float32)  # Inductor passes Python floats as fp64 (H200 run)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
@@ -69,6 +70,7 @@ def _bias_act_bwd(
     x_ptr, b_ptr, dy_ptr, dx_ptr, db_partial_ptr, M, N, rows_per_prog, scale,
     ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
+    scale = tl.cast(scale, tl.float32)  # Inductor passes Python floats as fp64 (H200 run)
     pid_m = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N

@@ -80,6 +80,7 @@ def _softmax_fwd_block(
     x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale,
     MASK_KIND: tl.constexpr, SAFE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
+    scale = tl.cast(scale, tl.float32)  # Inductor passes Python floats as fp64 (H200 run)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols[None, :] < N
@@ -100,6 +101,7 @@ def _softmax_fwd_loop(
     x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale,
     MASK_KIND: tl.constexpr, SAFE: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
+    scale = tl.cast(scale, tl.float32)  # Inductor passes Python floats as fp64 (H200 run)
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * N
     y_row = y_ptr + row * N
@@ -130,6 +132,7 @@ def _softmax_fwd_loop(
 def _softmax_bwd_block(
     y_ptr, dy_ptr, dx_ptr, M, N, scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
 ):
+    scale = tl.cast(scale, tl.float32)  # Inductor passes Python floats as fp64 (H200 run)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)[None, :]
     inb = (rows[:, None] < M) & (cols < N)
@@ -143,6 +146,7 @@ def _softmax_bwd_block(
 
 @triton.jit
 def _softmax_bwd_loop(y_ptr, dy_ptr, dx_ptr, M, N, scale, BLOCK_N: tl.constexpr):
+    scale = tl.cast(scale, tl.float32)  # Inductor passes Python floats as fp64 (H200 run)
     row_start = tl.program_id(0).to(tl.int64) * N
     y_row, dy_row, dx_row = y_ptr + row_start, dy_ptr + row_start, dx_ptr + row_start
     acc = tl.zeros([BLOCK_N], tl.float32)

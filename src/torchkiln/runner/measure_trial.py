@@ -80,20 +80,10 @@ def reference_variant(variant: Variant) -> Variant:
     )
 
 
-def check_correctness(
-    spec: TrialSpec, variant: Variant, first: list, dropout: bool, phases
-) -> dict[str, Any]:
-    note = ""
-    timer = StepTimer(spec.device)
-    if dropout:
-        # Dropout masks differ between eager and compiled RNG, so the check uses a second
-        # instance with p=0 (its compile is not timed).
-        phases("correctness_compile")
-        arm = build_arm(spec, variant, no_dropout=True)
-        _, first = capture(arm, timer, snapshot(arm))
-        del arm
-        note = "dropout set to p=0 for the check (a second instance, compiled apart)"
+def reference_tensors(spec: TrialSpec, variant: Variant, dropout: bool, phases) -> list:
+    """What the variant's first call is judged against: eager at its precision, then fp64."""
     phases("correctness")
+    timer = StepTimer(spec.device)
     results = []
     for kind in ("eager_same_precision", "fp64"):
         ref_variant = reference_variant(variant) if kind != "fp64" else parse_variant("eager")
@@ -101,12 +91,76 @@ def check_correctness(
         _, tensors = capture(arm, timer, snapshot(arm))
         results.append(tensors)
         del arm
+    return results
+
+
+def no_dropout_first(spec: TrialSpec, variant: Variant, phases) -> list:
+    """Dropout masks differ between eager and compiled RNG, so the check uses a second
+    instance with p=0 (its compile is not timed)."""
+    phases("correctness_compile")
+    arm = build_arm(spec, variant, no_dropout=True)
+    _, first = capture(arm, StepTimer(spec.device), snapshot(arm))
+    del arm
+    return first
+
+
+DROPOUT_NOTE = "dropout set to p=0 for the check (a second instance, compiled apart)"
+
+
+def judge(variant: Variant, first: list, refs: list, note: str) -> dict[str, Any]:
     multiplier, floor = corr.TOLERANCES[variant.precision]
-    report = corr.compare(
-        first, results[0], results[1], multiplier=multiplier, relative_floor=floor
-    )
+    report = corr.compare(first, refs[0], refs[1], multiplier=multiplier, relative_floor=floor)
     report.note = note
     return report.to_dict()
+
+
+def check_correctness(
+    spec: TrialSpec, variant: Variant, first: list, dropout: bool, phases
+) -> dict[str, Any]:
+    if dropout:
+        first = no_dropout_first(spec, variant, phases)
+    refs = reference_tensors(spec, variant, dropout, phases)
+    return judge(variant, first, refs, DROPOUT_NOTE if dropout else "")
+
+
+def apply_correctness(result: dict[str, Any], report: dict[str, Any] | None) -> bool:
+    """Record the check; False (and status accuracy_fail with the reason) when it failed."""
+    if report is None:
+        result["correctness"] = None
+        result["notes"].append("correctness check skipped (--no-check)")
+        return True
+    result["correctness"] = report
+    if report["passed"]:
+        return True
+    result["status"] = "accuracy_fail"
+    worst = report["worst_error_over_threshold"]
+    shown = f"error {worst:.3g}x the allowed threshold" if worst else None
+    result["reason"] = shown or report["note"] or "outputs differ"
+    return False
+
+
+def flops_and_peak(spec: TrialSpec, variant: Variant, result: dict[str, Any], phases) -> None:
+    """FLOPs of the math (counted on eager, the same for every variant) and % of peak; the
+    achieved rate needs result["steady_ms"]."""
+    phases("flops")
+    flop_arm = build_arm(spec, reference_variant(variant))
+    flop_arm.step()  # a first step outside the counter: lazy init must not be counted
+    flops = count_flops(flop_arm.step)
+    del flop_arm
+    result["flops_per_step"] = flops
+    gpu = result["environment"].get("gpu") or {}
+    peak, source = peak_tflops(gpu.get("name"), variant.precision)
+    result["peak_tflops"] = peak
+    result["peak_source"] = source
+    achieved_tflops(result)
+
+
+def achieved_tflops(result: dict[str, Any]) -> None:
+    flops, peak = result.get("flops_per_step"), result.get("peak_tflops")
+    steady = result.get("steady_ms")
+    achieved = flops / (steady["median"] * 1e-3) / 1e12 if flops and steady else None
+    result["achieved_tflops"] = achieved
+    result["pct_of_peak"] = 100.0 * achieved / peak if achieved and peak else None
 
 
 def measure_trial(spec: TrialSpec, result: dict[str, Any], phases) -> None:
@@ -132,6 +186,11 @@ def measure_trial(spec: TrialSpec, result: dict[str, Any], phases) -> None:
             result["status"], result["reason"] = "unsupported", reason
             return
     timer = StepTimer(spec.device)
+    if variant.name == "xla":
+        from torchkiln.runner.measure_apart import measure_baseline_first
+
+        measure_baseline_first(spec, variant, baseline, result, phases)
+        return
 
     # 1. The variant alone: first call (compilation included), warm-up, memory.
     phases("build")
@@ -174,19 +233,8 @@ def measure_trial(spec: TrialSpec, result: dict[str, Any], phases) -> None:
     if result["dynamo_after_measure"]["recompiles"] > before_reps["recompiles"]:
         result["notes"].append("recompiled during the timed reps: steady state was not reached")
 
-    # Hook for the xla backend: JAX allocates outside torch's allocator, so its own peak is
-    # reported; and each new input shape is an XLA recompile, timed per shape.
-    xla_report = getattr(arm, "report", None)
-    if variant.name == "xla" and xla_report is not None:
-        result["xla"] = xla_report()
-        result["memory"]["jax_peak_bytes_in_use"] = result["xla"]["jax_peak_bytes_in_use"]
-        result["notes"].extend(result["xla"]["notes"])
-
-    # 4. Kernels per step (profiler; CUDA only). The torch profiler cannot see XLA's kernels.
-    if spec.count_kernels and variant.name == "xla":
-        result["kernels_per_step"] = None
-        result["notes"].append("kernels per step are not counted for xla (outside torch)")
-    elif spec.count_kernels:
+    # 4. Kernels per step (profiler; CUDA only).
+    if spec.count_kernels:
         phases("kernels")
         result["kernels_per_step"] = kernels_per_step(arm.step, 3, spec.device)
         result["baseline_kernels_per_step"] = kernels_per_step(base.step, 3, spec.device)
@@ -197,33 +245,13 @@ def measure_trial(spec: TrialSpec, result: dict[str, Any], phases) -> None:
         torch.cuda.empty_cache()
 
     # 5. FLOPs of the math (counted on eager, the same for every variant) and % of peak.
-    phases("flops")
-    flop_arm = build_arm(spec, reference_variant(variant))
-    flop_arm.step()  # a first step outside the counter: lazy init must not be counted
-    flops = count_flops(flop_arm.step)
-    del flop_arm
-    result["flops_per_step"] = flops
-    gpu = result["environment"].get("gpu") or {}
-    peak, source = peak_tflops(gpu.get("name"), variant.precision)
-    achieved = flops / (result["steady_ms"]["median"] * 1e-3) / 1e12 if flops else None
-    result["achieved_tflops"] = achieved
-    result["peak_tflops"] = peak
-    result["peak_source"] = source
-    result["pct_of_peak"] = 100.0 * achieved / peak if achieved and peak else None
+    flops_and_peak(spec, variant, result, phases)
 
     # 6. Correctness against eager at the same precision and an fp64 reference.
-    if spec.check_accuracy:
-        result["correctness"] = check_correctness(spec, variant, first_outputs, dropout, phases)
-        if not result["correctness"]["passed"]:
-            result["status"] = "accuracy_fail"
-            worst = result["correctness"]["worst_error_over_threshold"]
-            result["reason"] = (
-                f"error {worst:.3g}x the allowed threshold"
-                if worst
-                else (result["correctness"]["note"] or "outputs differ")
-            )
-            return
-    else:
-        result["correctness"] = None
-        result["notes"].append("correctness check skipped (--no-check)")
-    result["status"] = "ok"
+    report = (
+        check_correctness(spec, variant, first_outputs, dropout, phases)
+        if spec.check_accuracy
+        else None
+    )
+    if apply_correctness(result, report):
+        result["status"] = "ok"

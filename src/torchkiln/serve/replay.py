@@ -52,6 +52,10 @@ class _Arm:
     setup_s: float = 0.0
     compilations_setup: int = 0
     compilations_replay: int = 0
+    # cudaMalloc retries (the caching allocator freeing every cached block, a device-wide
+    # synchronisation) during this arm's requests: CUDA-graph pools of other arms in the same
+    # process can push an arm into them.
+    alloc_retries: int = 0
     latencies: list[float] = field(default_factory=list)
     error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -165,6 +169,11 @@ def serve_bench(
         )
         arms.append(arm)
 
+    def alloc_retries() -> int:
+        if device.type != "cuda":
+            return 0
+        return int(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))
+
     live = [a for a in arms if a.error is None]
     log(f"[serve-bench] replaying {len(reqs)} requests through {[a.name for a in live]}")
     for i, req in enumerate(reqs):
@@ -173,6 +182,7 @@ def serve_bench(
             if arm.error is not None:
                 continue
             sync()
+            r0 = alloc_retries()
             c0, t0 = compile_count(), time.perf_counter()
             try:
                 arm.call(req)
@@ -182,6 +192,7 @@ def serve_bench(
                 continue
             arm.latencies.append(time.perf_counter() - t0)
             arm.compilations_replay += compile_count() - c0
+            arm.alloc_retries += alloc_retries() - r0
         if (i + 1) % max(1, len(reqs) // 10) == 0:
             log(f"[serve-bench] {i + 1}/{len(reqs)} requests, {time.perf_counter() - t_start:.0f}s")
 
@@ -193,8 +204,16 @@ def serve_bench(
         if arm.served is not None:
             arm.served.close()
     summary = _summarise(arms, elements, errors)
+    memory = None
+    if device.type == "cuda":
+        memory = {
+            "reserved_bytes": torch.cuda.memory_reserved(device),
+            "max_reserved_bytes": torch.cuda.max_memory_reserved(device),
+            "device_total_bytes": torch.cuda.get_device_properties(device).total_memory,
+        }
     return {
         "variant": variant.spec,
+        "device_memory": memory,
         "device": str(device),
         "symbols": list(symbols),
         "trace": {
@@ -271,6 +290,7 @@ def _summarise(arms: list[_Arm], elements: np.ndarray, errors: Mapping[str, floa
             "setup_s": arm.setup_s,
             "compilations_setup": arm.compilations_setup,
             "compilations_replay": arm.compilations_replay,
+            "alloc_retries": arm.alloc_retries,
             "requests": int(x.size),
         }
         if x.size:
