@@ -75,11 +75,20 @@ def rows_for(workload: str, ddp: dict[str, Any], plain: dict[str, Any]) -> list[
     return rows
 
 
-def scaling_rows(workload: str, nproc: int, doc: dict[str, Any]) -> list[dict]:
+def scaling_rows(
+    workload: str, nproc: int, doc: dict[str, Any], own: dict[str, Any] | None = None
+) -> list[dict]:
+    """``own``: the same variants as ordinary trials, each in its own process: a second
+    one-process reference, since the in-process one read slower than eager for compiled
+    `simple` on the H200 (bench_dist.json, session 2)."""
+    own_by_variant = {t["variant"]: t for t in (own or {}).get("trials", [])}
     rows = []
     for t in doc["trials"]:
         ok = t["status"] == "ok"
         single = (t.get("single_process") or {}).get("steady_ms")
+        o = own_by_variant.get(t["variant"], {})
+        own_ms = o.get("steady_ms") if o.get("status") == "ok" else None
+        step_ms = t.get("steady_ms") if ok else None
         rows.append(
             {
                 "workload": workload,
@@ -92,6 +101,10 @@ def scaling_rows(workload: str, nproc: int, doc: dict[str, Any]) -> list[dict]:
                 "throughput_samples_s": t.get("throughput_samples_s") if ok else None,
                 "scaling_efficiency": t.get("scaling_efficiency") if ok else None,
                 "scaling_efficiency_ci95": t.get("scaling_efficiency_ci95") if ok else None,
+                "one_process_own_ms": own_ms,
+                "scaling_efficiency_own_process": (
+                    own_ms["median"] / step_ms["median"] if own_ms and step_ms else None
+                ),
                 "speedup_vs_eager_ddp": t.get("speedup") if ok else None,
                 "exposed_comm_share": t.get("exposed_comm_share"),
                 "losses_match": (t.get("losses") or {}).get("match"),
@@ -107,6 +120,17 @@ def run_scaling(args: argparse.Namespace, out: Path, variants: list[str], overri
     rows, runs, env = [], {}, None
     path = out / "bench_dist_scaling.json"
     for workload in args.workloads.split(","):
+        own = bench(
+            workload,
+            variants,
+            step="train",
+            device=args.device,
+            preset=args.preset,
+            timeout_s=args.timeout,
+            out=out / f"{workload}-one-process",
+            spec_overrides=overrides,
+        )
+        runs[f"{workload}-one-process"] = own["run_dir"]
         for nproc in (int(n) for n in args.nprocs.split(",")):
             doc = bench(
                 workload,
@@ -122,7 +146,7 @@ def run_scaling(args: argparse.Namespace, out: Path, variants: list[str], overri
             )
             env = env or doc.get("environment")
             runs[f"{workload}-{nproc}"] = doc["run_dir"]
-            rows += scaling_rows(workload, nproc, doc)
+            rows += scaling_rows(workload, nproc, doc, own)
             # Rewritten after every run so a stopped sweep keeps what it measured.
             path.write_text(
                 json.dumps(
@@ -142,16 +166,20 @@ def run_scaling(args: argparse.Namespace, out: Path, variants: list[str], overri
             )
     print(
         f"{'workload':<10} {'variant':<16} {'N':>2} {'step ms (N ranks)':<24} "
-        f"{'1 process ms':<24} {'efficiency':>16} {'samples/s':>10} {'exposed comm':>12}"
+        f"{'1 process ms':<24} {'efficiency':>16} {'vs own proc':>11} {'samples/s':>10} "
+        f"{'exposed comm':>12}"
     )
     for r in rows:
         eff, ci = r["scaling_efficiency"], r["scaling_efficiency_ci95"]
         eff_s = f"{100 * eff:.0f}% [{100 * ci[0]:.0f},{100 * ci[1]:.0f}]" if eff and ci else "-"
         comm = r["exposed_comm_share"]
         tput = r["throughput_samples_s"]
+        own_eff = r["scaling_efficiency_own_process"]
+        own_s = "-" if own_eff is None else f"{100 * own_eff:.0f}%"
         print(
             f"{r['workload']:<10} {r['variant']:<16} {r['nproc']:>2} {_ms(r['step_ms']):<24} "
             f"{_ms(r['one_process_ms']):<24} {eff_s:>16} "
+            f"{own_s:>11} "
             f"{'-' if tput is None else f'{tput:.0f}':>10} "
             f"{'-' if comm is None else f'{100 * comm:.1f}%':>12}"
             + (f"  {r['status']}: {r['reason']}" if r["status"] != "ok" else "")

@@ -51,10 +51,12 @@ def check_goals(doc: dict[str, Any]) -> list[dict[str, Any]]:
         goals = [("copy", COPY_GOAL, COPY_GOAL_MIN_N)] if direction == "fwd" else []
         goals.append(("compile", COMPILE_GOAL, COMPILE_GOAL_MIN_N))
         for versus, target, min_n in goals:
-            ratios, missing = {}, []
+            ratios, missing, launch_bound = {}, [], []
             for r in rs:
                 if r["cols"] < min_n:
                     continue
+                if (r["arms"].get("kiln") or {}).get("launch_bound"):
+                    launch_bound.append(r["cols"])
                 kiln = _gbps(r, "kiln")
                 other = doc["copy"][r["copy"]].get("gbps") if versus == "copy" else _gbps(r, versus)
                 if kiln is None or other is None:
@@ -67,6 +69,8 @@ def check_goals(doc: dict[str, Any]) -> list[dict[str, Any]]:
                 "kernel": kernel, "direction": direction, "dtype": dtype,
                 "worst_ratio": ratios.get(worst_n), "worst_at_n": worst_n,
                 "ratios": ratios, "missing_n": missing,
+                # Sizes where kiln's do_bench time was its host launch path, not its kernel.
+                "kiln_launch_bound_n": launch_bound,
                 "passed": bool(ratios) and not missing and min(ratios.values()) >= target,
             })  # fmt: skip
     return verdicts

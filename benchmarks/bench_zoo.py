@@ -3,7 +3,9 @@ max-autotune-no-cudagraphs} x {fp32, bf16} x {infer, train}, each trial in its o
 plus two checks of the instrument itself:
 
 * plain-loop agreement: a few configurations timed again by a hand-written CUDA-events loop
-  (benchmarks/plain_loop.py, no kiln code); kiln's median must agree within 10%;
+  (benchmarks/plain_loop.py, no kiln code), once in its own process and once interleaved rep by
+  rep with kiln's arm and timer in one process (plain_vs_kiln.py); kiln must agree within 10%
+  (the whole 95% interval of the interleaved kiln/plain ratio inside [0.9, 1.1]);
 * A/A: a variant against itself must give a speedup interval containing 1.00, at most +-2% wide.
 
     PYTHONPATH=src python3 benchmarks/bench_zoo.py --out benchmarks/results/zoo-h200
@@ -93,7 +95,24 @@ def run_group(out: Path, workload: str, step: str, precision: str, args) -> dict
     return doc
 
 
+def _script(name: str, argv: list[str], timeout: float) -> dict:
+    """Run one of the plain-loop scripts in its own process; its last stdout line is JSON."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / name), *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if proc.returncode != 0:
+        return {"error": proc.stderr[-2000:]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def plain_check(out: Path, docs: dict, args) -> list[dict]:
+    """Two comparisons per configuration: kiln's trial against plain_loop.py run afterwards in
+    its own process (what a user would do), and plain_vs_kiln.py, the two interleaved rep by
+    rep in one process. Agreement is judged on the interleaved one: launch-bound steps drift by
+    more than 10% between processes on a shared host (benchmarks/README.md)."""
     rows = []
     for workload, step, precision, mode, variant in PLAIN_CHECKS:
         doc = docs.get((workload, step, precision))
@@ -102,38 +121,30 @@ def plain_check(out: Path, docs: dict, args) -> list[dict]:
         trial = next((t for t in doc["trials"] if t["variant"] == variant), None)
         if trial is None or trial["status"] != "ok":
             continue
-        proc = subprocess.run(
-            [
-                sys.executable,
-                str(ROOT / "benchmarks" / "plain_loop.py"),
-                workload,
-                step,
-                precision,
-                mode,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=args.timeout,
-        )
-        if proc.returncode != 0:
-            rows.append({"config": [workload, step, precision, mode], "error": proc.stderr[-2000:]})
-            continue
-        plain = json.loads(proc.stdout.strip().splitlines()[-1])
+        config = [workload, step, precision, mode]
+        row: dict = {"config": config}
+        plain = _script("plain_loop.py", config, args.timeout)
         kiln_ms = trial["steady_ms"]["median"]
-        ratio = kiln_ms / plain["median_ms"]
-        rows.append(
-            {
-                "config": [workload, step, precision, mode],
-                "kiln_ms": kiln_ms,
-                "plain_ms": plain["median_ms"],
-                "plain_reps_ms": plain["reps_ms"],
-                "kiln_over_plain": ratio,
-                "agree_within_10pct": abs(ratio - 1) <= 0.10,
-            }
-        )
+        if "error" in plain:
+            row["cross_process_error"] = plain["error"]
+        else:
+            ratio = kiln_ms / plain["median_ms"]
+            row.update(
+                kiln_ms=kiln_ms,
+                plain_ms=plain["median_ms"],
+                plain_reps_ms=plain["reps_ms"],
+                kiln_over_plain=ratio,
+                cross_process_agree_within_10pct=abs(ratio - 1) <= 0.10,
+            )
+        inter = _script("plain_vs_kiln.py", config, args.timeout)
+        row["interleaved"] = inter
+        row["agree_within_10pct"] = inter.get("agree_within_10pct", False)
+        rows.append(row)
         print(
-            f"plain {workload} {step} {precision} {mode}: kiln {kiln_ms:.3f} ms, "
-            f"plain {plain['median_ms']:.3f} ms, ratio {ratio:.3f}",
+            f"plain {' '.join(config)}: kiln trial {kiln_ms:.3f} ms, plain loop "
+            f"{plain.get('median_ms', float('nan')):.3f} ms (own process); interleaved kiln/plain "
+            f"{inter.get('kiln_over_plain', float('nan')):.3f} {inter.get('kiln_over_plain_ci95')}"
+            f"{' ERROR ' + inter['error'][-300:] if 'error' in inter else ''}",
             flush=True,
         )
     (out / "plain_check.json").write_text(json.dumps(rows, indent=2))
@@ -152,7 +163,9 @@ def aa_check(out: Path, args) -> dict:
         out=Path(args.runs_dir) / "aa-resnet50-infer-bf16",
         events=Log(),
         timeout_s=args.timeout,
-        spec_overrides={"reps": 80, "check_accuracy": False},
+        # 80 reps gave 0.995 [0.980, 1.010] on the H200 (session 2): +-1.5% wide but 0.01% past
+        # -2% at its lower end. The interval narrows as 1/sqrt(reps): 120 reps, about +-1.2%.
+        spec_overrides={"reps": 120, "check_accuracy": False},
     )
     trial = doc["trials"][0]
     lo, hi = trial["speedup"]["ci95"]

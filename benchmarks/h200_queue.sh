@@ -3,7 +3,8 @@
 # own time limit, results under ROOT (default /tmp/kiln_gpu). Each benchmark it calls can also
 # be run on its own: the commands are the ones in benchmarks/README.md.
 #
-#   bash benchmarks/h200_queue.sh start [ROOT]          # detaches (setsid); returns at once
+#   bash benchmarks/h200_queue.sh start ROOT [PLAN]     # detaches (setsid); returns at once;
+#                                                       # PLAN: session2 (default), zoo, tune
 #   bash benchmarks/h200_queue.sh wait ROOT SECONDS DIR # waits for the end or SECONDS, then
 #                                                       # packs ROOT into DIR/gpu.tgz
 #   bash benchmarks/h200_queue.sh recheck ROOT DIR      # one GPU, ~5 min (see below)
@@ -47,12 +48,43 @@ queue1() {
 
 case $cmd in
 start)
+  plan=${3:-session2}
   mkdir -p "$ROOT/logs"
   : >"$ROOT/status.txt"
-  setsid nohup bash "$0" phases "$ROOT" >"$ROOT/logs/queue.txt" 2>&1 </dev/null &
-  echo "started; status in $ROOT/status.txt"
+  setsid nohup bash "$0" "phases-$plan" "$ROOT" >"$ROOT/logs/queue.txt" 2>&1 </dev/null &
+  echo "started $plan; status in $ROOT/status.txt"
   ;;
-phases)
+phases-zoo)
+  # The zoo's remaining groups (issue 2), resnet50 on GPU 0 and bert-base on GPU 1, then the
+  # instrument checks (plain loop interleaved with kiln, A/A) on GPU 0. Each group resumes
+  # from ROOT/zoo/runs, so a second lease continues where the first stopped.
+  nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
+  half=$(($(nproc) / 2))
+  zoo() { python3 benchmarks/bench_zoo.py --out "$ROOT/zoo" --timeout 600 "$@"; }
+  (export CUDA_VISIBLE_DEVICES=0 TORCHINDUCTOR_COMPILE_THREADS=$half
+    taskset -pc "0-$((half - 1))" $BASHPID >/dev/null
+    job zoo_resnet50 3000 zoo --workloads resnet50) &
+  (export CUDA_VISIBLE_DEVICES=1 TORCHINDUCTOR_COMPILE_THREADS=$half
+    taskset -pc "$half-$((2 * half - 1))" $BASHPID >/dev/null
+    job zoo_bert 3000 zoo --workloads bert-base) &
+  wait
+  # Alone on the host: the checks time launch-bound steps. Groups resume (no re-measuring).
+  (export CUDA_VISIBLE_DEVICES=0; job zoo_checks 900 zoo --workloads resnet50,bert-base --plain-check --aa)
+  echo "$(date +%T) all done" >>"$ROOT/status.txt"
+  ;;
+phases-tune)
+  # Issue 5's evidence: kiln tune on resnet50 and bert-base, infer and train, bf16 allowed (its
+  # search runs one trial per visible GPU), then the leftovers of issues 7 and 8 on GPU 0.
+  nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
+  job tune 3600 python3 benchmarks/bench_tune.py --out "$ROOT/tune"
+  (export CUDA_VISIBLE_DEVICES=0
+    job xla_bert_train 400 bash -c "python3 -m pip install -q --no-index --no-deps \
+      --no-compile --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site:\$PYTHONPATH python3 \
+      benchmarks/bench_xla.py --out $ROOT/xla --workloads bert-base --steps train"
+    job serve 600 python3 benchmarks/bench_serve.py --out "$ROOT/serve")
+  echo "$(date +%T) all done" >>"$ROOT/status.txt"
+  ;;
+phases-session2)
   nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
   job dist_scaling 420 python3 benchmarks/bench_dist.py --out "$ROOT/dist2" \
     --workloads resnet50,bert-base --variants eager+bf16,inductor+bf16 --nprocs 2 --timeout 300

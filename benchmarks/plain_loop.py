@@ -58,7 +58,8 @@ def build(workload: str, step: str):
     return model, x, y.cuda(), fwd
 
 
-def main(workload: str, step: str, precision: str, mode: str) -> dict:
+def make_step(workload: str, step: str, precision: str, mode: str):
+    """One plain step of the configuration (CUDA-graph step marking included), TF32 off."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     model, x, y, fwd = build(workload, step)
@@ -88,22 +89,33 @@ def main(workload: str, step: str, precision: str, mode: str) -> dict:
             opt.zero_grad(set_to_none=True)
 
     mark = getattr(torch.compiler, "cudagraph_mark_step_begin", None)
+    if mark is None or mode == "eager":
+        return one
+
+    def marked():
+        mark()
+        return one()
+
+    return marked
+
+
+def time_rep(fn, steps: int) -> float:
+    """ms per step over `steps` back-to-back calls between two CUDA events (no sync before)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(steps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / steps
+
+
+def main(workload: str, step: str, precision: str, mode: str) -> dict:
+    one = make_step(workload, step, precision, mode)
     for _ in range(10):
-        if mark and mode != "eager":
-            mark()
         one()
     torch.cuda.synchronize()
-    reps = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(50):
-            if mark and mode != "eager":
-                mark()
-            one()
-        end.record()
-        end.synchronize()
-        reps.append(start.elapsed_time(end) / 50)
+    reps = [time_rep(one, 50) for _ in range(5)]
     return {
         "workload": workload,
         "step": step,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import time
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,8 @@ def test_sweep_checks_and_counts_bytes(fake_timer):
             entry = r["arms"][arm]
             assert entry["status"] == "ok", (r["kernel"], r["direction"], arm, entry)
             assert entry["gbps"] == pytest.approx(r["bytes"] / 2e-3 / 1e9)
+            # Tiny CPU calls take far less than the (faked) 2 ms they are credited with.
+            assert 0 < entry["host_us"] < 1600 and entry["launch_bound"] is False
     assert set(doc["copy"]) == {"fp32 64x200", "bf16 64x200"}
     table = bench.format_table(doc)
     assert "masked_softmax" in table and "kiln/compile" in table
@@ -90,6 +93,30 @@ def test_wrong_result_is_reported_and_not_timed(fake_timer, monkeypatch):
     kiln = doc["results"][0]["arms"]["kiln"]
     assert kiln["status"].startswith("wrong result") and "gbps" not in kiln
     assert doc["results"][0]["arms"]["eager"]["status"] == "ok"
+
+
+def test_a_call_slower_on_the_host_than_its_timing_is_flagged_launch_bound(fake_timer, monkeypatch):
+    real_build = _cases.build
+
+    def slow_build(*args, **kwargs):
+        case = real_build(*args, **kwargs)
+        fast = case.kiln
+
+        def slow():
+            time.sleep(0.003)  # 3 ms on the host against the 2 ms do_bench is faked to report
+            return fast()
+
+        case.kiln = slow
+        return case
+
+    monkeypatch.setattr(_cases, "build", slow_build)
+    monkeypatch.setattr(bench, "HOST_CALLS", 5)
+    doc = bench.sweep(["softmax"], ["fwd"], ["fp32"], 8, [16], with_compile=False, device="cpu")
+    arms = doc["results"][0]["arms"]
+    assert arms["kiln"]["host_us"] >= 3000 and arms["kiln"]["launch_bound"] is True
+    assert arms["eager"]["launch_bound"] is False
+    host_cell = bench.format_table(doc).splitlines()[2].split()[-1]  # the kiln host us column
+    assert host_cell.endswith("*") and int(host_cell[:-1]) >= 3000
 
 
 def _bench_script():

@@ -98,6 +98,15 @@ def test_serve_bench_cli_replays_every_arm_and_writes_json(tmp_path: Path, capsy
     assert arms["learned"]["bucket_sizes"]["batch"][-1] == 32
     assert len(arms["learned"]["bucket_sizes"]["seq"]) <= 4
     assert arms["pow2"]["bucket_sizes"]["seq"][-1] == 512
+    # Latencies split by whether the arm met the request's sizes for the first time.
+    sizes = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
+    distinct = len({(r["batch"], r["seq"]) for r in sizes})
+    assert len(sizes) == 40 and 1 < distinct < 40
+    for a in arms.values():
+        split = a["latency_ms_by_shape"]
+        assert split["first_time"]["n"] == distinct
+        assert split["first_time"]["n"] + split["seen_before"]["n"] == a["requests"]
+        assert a["alloc_retries"] == 0  # counted on CUDA only
     assert result["environment"]["torch"]
     printed = capsys.readouterr().out.strip().splitlines()
     assert printed[-1].startswith("compiles = during set-up")

@@ -93,6 +93,7 @@ def measure_rank(spec: TrialSpec, out: dict[str, Any], phases: Phases) -> None:
     world = dist.get_world_size()
     out.update(world_size=world, backend=dist.get_backend(), device=device)
     out["threads"] = torch.get_num_threads()
+    torch.backends.cudnn.benchmark = spec.cudnn_benchmark  # as measure_trial sets it
     variant, baseline = parse_variant(spec.variant), parse_variant(spec.baseline)
     for v in (variant, baseline):
         reason = v.backend.unsupported_reason(device) or dist_unsupported(v)

@@ -57,6 +57,11 @@ class _Arm:
     # process can push an arm into them.
     alloc_retries: int = 0
     latencies: list[float] = field(default_factory=list)
+    # Per request: was this the first time this arm saw the request's exact sizes? Eager's
+    # latencies on the H200 split in two levels (10 ms vs 60-80 ms); this says whether the
+    # slow level is a per-new-shape cost.
+    new_shape: list[bool] = field(default_factory=list)
+    seen: set = field(default_factory=set)
     error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -191,6 +196,9 @@ def serve_bench(
                 arm.error = f"request {i} {trace[i]}: {type(exc).__name__}: {exc}"
                 continue
             arm.latencies.append(time.perf_counter() - t0)
+            shape = tuple(sorted(trace[i].items()))
+            arm.new_shape.append(shape not in arm.seen)
+            arm.seen.add(shape)
             arm.compilations_replay += compile_count() - c0
             arm.alloc_retries += alloc_retries() - r0
         if (i + 1) % max(1, len(reqs) // 10) == 0:
@@ -277,6 +285,15 @@ def _ratio_ci(base: np.ndarray, other: np.ndarray, seed: int = 0) -> dict[str, A
     return {"ratio": float(base.sum() / other.sum()), "ci95": [float(lo), float(hi)]}
 
 
+def _by_shape(latencies: np.ndarray, new: np.ndarray) -> dict[str, Any]:
+    """Latency percentiles of requests whose sizes the arm met for the first time, and of the
+    rest (sizes it had served before)."""
+    return {
+        "first_time": percentiles_ms(latencies[new]) if new.any() else None,
+        "seen_before": percentiles_ms(latencies[~new]) if (~new).any() else None,
+    }
+
+
 def _summarise(arms: list[_Arm], elements: np.ndarray, errors: Mapping[str, float]) -> list[dict]:
     lat = {a.name: np.array(a.latencies) for a in arms}
     out = []
@@ -299,6 +316,7 @@ def _summarise(arms: list[_Arm], elements: np.ndarray, errors: Mapping[str, floa
                 throughput_rps=float(x.size / x.sum()),
                 elements_per_s=float(elements[: x.size].sum() / x.sum()),
                 latency_ms=percentiles_ms(x),
+                latency_ms_by_shape=_by_shape(x, np.array(arm.new_shape, dtype=bool)),
                 max_abs_err_vs_fp32=errors.get(arm.name),
             )
             for base in ("eager", "dynamic"):

@@ -1,0 +1,156 @@
+"""GPU evidence for `kiln tune`: resnet50 and bert-base, infer and train, bf16 allowed.
+
+    PYTHONPATH=src python3 benchmarks/bench_tune.py --out benchmarks/results/tune-h200
+
+For each (workload, step) one `kiln tune` run (its report and trials under OUT/<workload>-<step>),
+then the four plain `torch.compile` modes (default, reduce-overhead, max-autotune-no-cudagraphs,
+max-autotune; nothing else changed) at the pick's precision, each timed against the pick in one
+process, paired rep by rep (OUT/<workload>-<step>-plain). The summary row: the pick, its paired
+speedup over eager, each plain mode's time over the pick's with its interval, the best plain
+mode, plain modes that failed and why, and the tune's wall time (the plain comparison is not
+part of it). Goals (issue 5): at least 1.2x over the best plain mode on the training steps,
+never slower than it (the interval's upper end at or above 1), and each tune within its
+15-minute budget. OUT/bench_tune.json is rewritten after every tune.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from torchkiln.api import bench  # noqa: E402
+from torchkiln.tune import tune  # noqa: E402
+from torchkiln.tune.select import passed  # noqa: E402
+from torchkiln.variants import parse_variant  # noqa: E402
+
+PLAIN_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
+GOAL_TRAIN_OVER_PLAIN = 1.2
+
+
+def plain_specs(precision: str) -> list[str]:
+    """The four plain torch.compile modes at one precision: nothing else changed."""
+    suffix = "" if precision == "fp32" else f"+{precision}"
+    return [("inductor" if m == "default" else f"inductor:mode={m}") + suffix for m in PLAIN_MODES]
+
+
+def pick_over_plain(plain_doc: dict[str, Any]) -> dict[str, Any]:
+    """Each plain mode timed against the pick (the bench's baseline), paired rep by rep:
+    plain ms / pick ms with its interval. Only correct, ok trials can be the best plain mode."""
+    rows, missing = {}, {}
+    for t in plain_doc["trials"]:
+        if not passed(t):
+            missing[t["variant"]] = f"{t['status']}: {t.get('reason')}"
+            continue
+        sp = t["speedup"]  # pick ms / plain ms
+        lo, hi = sp["ci95"]
+        rows[t["variant"]] = {"ratio": 1 / sp["median"], "ci95": [1 / hi, 1 / lo]}
+    best = min(rows, key=lambda v: rows[v]["ratio"]) if rows else None
+    return {"pick_over_plain": rows, "not_measured": missing, "best_plain": best,
+            "pick_over_best_plain": rows[best] if best else None}  # fmt: skip
+
+
+def summarize_tune(doc: dict[str, Any], budget_s: float, plain: dict | None) -> dict[str, Any]:
+    trials = {t["variant"]: t for t in doc["trials"]}
+    pick_spec = (doc.get("selection") or {}).get("best")
+    row: dict[str, Any] = {
+        "workload": doc["workload"],
+        "step": doc["step"],
+        "pick": pick_spec,
+        "pick_speedup_vs_eager": (trials.get(pick_spec) or {}).get("speedup"),
+        "wall_s": doc["wall_s"],
+        "budget_s": budget_s,
+        "within_budget": doc["wall_s"] <= budget_s,
+        "skipped": doc["stages"].get("search", {}).get("skipped", {}),
+        "plain": plain,
+    }
+    best = (plain or {}).get("pick_over_best_plain")
+    row["goal_never_slower"] = None if best is None else best["ci95"][1] >= 1.0
+    if doc["step"] == "train":
+        row["goal_train_1_2x"] = None if best is None else best["ratio"] >= GOAL_TRAIN_OVER_PLAIN
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="benchmarks/results/tune-h200")
+    ap.add_argument("--workloads", default="resnet50,bert-base")
+    ap.add_argument("--steps", default="infer,train")
+    ap.add_argument("--budget", default="15m")
+    ap.add_argument("--allow-precision", default="bf16")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--preset", default="full")
+    ap.add_argument("--plain-timeout", type=float, default=600.0, help="seconds per plain trial")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    from torchkiln.tune.api import parse_budget
+
+    budget_s = parse_budget(args.budget)
+    rows, env = [], None
+    for workload in args.workloads.split(","):
+        for step in args.steps.split(","):
+            print(f"== tune {workload} {step} (budget {args.budget})", flush=True)
+            result = tune(
+                workload,
+                step=step,
+                device=args.device,
+                budget=args.budget,
+                allow_precision=[p for p in args.allow_precision.split(",") if p],
+                preset=args.preset,
+                out=out / f"{workload}-{step}",
+            )
+            env = env or result.doc.get("environment")
+            pick = (result.doc.get("selection") or {}).get("best")
+            plain = None
+            if pick:
+                # The four plain modes at the pick's precision, each paired against the pick.
+                variants = [v for v in plain_specs(parse_variant(pick).precision) if v != pick]
+                print(f"== plain modes vs the pick {pick}", flush=True)
+                plain_doc = bench(
+                    workload,
+                    variants,
+                    step=step,
+                    device=args.device,
+                    preset=args.preset,
+                    baseline=pick,
+                    out=out / f"{workload}-{step}-plain",
+                    timeout_s=args.plain_timeout,
+                )
+                plain = pick_over_plain(plain_doc)
+            rows.append(summarize_tune(result.doc, budget_s, plain))
+            (out / "bench_tune.json").write_text(
+                json.dumps(
+                    {
+                        "schema": "kiln.bench_tune/1",
+                        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                        "command": " ".join([sys.executable, *sys.argv]),
+                        "environment": env,
+                        "rows": rows,
+                    },
+                    indent=2,
+                    default=str,
+                )
+            )
+    for r in rows:
+        plain = r.get("plain") or {}
+        best = plain.get("pick_over_best_plain") or {}
+        sp = (r["pick_speedup_vs_eager"] or {}).get("median")
+        over = "-" if not best else f"{best['ratio']:.2f}x"
+        print(
+            f"{r['workload']:<10} {r['step']:<5} pick {r['pick']}: "
+            f"{'-' if sp is None else f'{sp:.2f}x'} eager, "
+            f"{over} the best plain mode "
+            f"({plain.get('best_plain')}), tune wall {r['wall_s']:.0f} s of {r['budget_s']:.0f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""Summaries of the GPU benchmark scripts, as pure functions over made-up documents (no trials
+run): bench_tune.py's pick against the plain torch.compile modes (the ratios issue 5's goals are
+judged on) and bench_dist.py's scaling rows with both one-process references."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("bench_tune", ROOT / "benchmarks/bench_tune.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _trial(variant, speedup, ci, status="ok", passed=True):
+    return {
+        "variant": variant,
+        "status": status,
+        "reason": None if status == "ok" else "boom",
+        "correctness": {"passed": passed},
+        "speedup": {"median": speedup, "ci95": list(ci)},
+    }
+
+
+def test_plain_specs_are_the_four_modes_at_one_precision():
+    s = _script()
+    assert s.plain_specs("fp32") == [
+        "inductor",
+        "inductor:mode=reduce-overhead",
+        "inductor:mode=max-autotune-no-cudagraphs",
+        "inductor:mode=max-autotune",
+    ]
+    assert s.plain_specs("bf16")[1] == "inductor:mode=reduce-overhead+bf16"
+
+
+def test_pick_over_plain_inverts_the_paired_ratio_and_takes_the_closest_plain_mode():
+    s = _script()
+    doc = {
+        "trials": [
+            # Baseline = the pick: speedup = pick ms / plain ms.
+            _trial("inductor+bf16", 0.5, (0.45, 0.55)),  # plain twice as slow as the pick
+            _trial("inductor:mode=reduce-overhead+bf16", 0.8, (0.78, 0.82)),
+            _trial("inductor:mode=max-autotune+bf16", 0.9, (0.8, 1.0), status="timeout"),
+            _trial("inductor:mode=max-autotune-no-cudagraphs+bf16", 2.0, (1.9, 2.1), passed=False),
+        ]
+    }
+    out = s.pick_over_plain(doc)
+    assert out["best_plain"] == "inductor:mode=reduce-overhead+bf16"
+    best = out["pick_over_best_plain"]
+    assert best["ratio"] == pytest.approx(1.25)
+    assert best["ci95"] == pytest.approx([1 / 0.82, 1 / 0.78])
+    assert out["pick_over_plain"]["inductor+bf16"]["ratio"] == pytest.approx(2.0)
+    # A trial that failed or computed something else cannot be the bar to beat.
+    assert set(out["not_measured"]) == {
+        "inductor:mode=max-autotune+bf16",
+        "inductor:mode=max-autotune-no-cudagraphs+bf16",
+    }
+
+
+def test_goals_judge_the_best_plain_mode_and_the_budget():
+    s = _script()
+    doc = {
+        "workload": "resnet50",
+        "step": "train",
+        "wall_s": 700.0,
+        "selection": {"best": "inductor:mode=reduce-overhead,scope=step+bf16"},
+        "stages": {"search": {"skipped": {}}},
+        "trials": [_trial("inductor:mode=reduce-overhead,scope=step+bf16", 4.0, (3.9, 4.1))],
+    }
+    plain = {"pick_over_best_plain": {"ratio": 1.1, "ci95": [1.05, 1.15]}}
+    row = s.summarize_tune(doc, 900.0, plain)
+    assert row["within_budget"] is True and row["pick_speedup_vs_eager"]["median"] == 4.0
+    assert row["goal_never_slower"] is True and row["goal_train_1_2x"] is False
+    slower = {"pick_over_best_plain": {"ratio": 0.97, "ci95": [0.95, 0.99]}}
+    row = s.summarize_tune({**doc, "wall_s": 901.0}, 900.0, slower)
+    assert row["goal_never_slower"] is False and row["within_budget"] is False
+    infer = s.summarize_tune({**doc, "step": "infer"}, 900.0, None)
+    assert "goal_train_1_2x" not in infer and infer["goal_never_slower"] is None
+
+
+def test_dist_scaling_rows_carry_both_one_process_references():
+    spec = importlib.util.spec_from_file_location("bench_dist", ROOT / "benchmarks/bench_dist.py")
+    bench_dist = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_dist)
+    ms = lambda m: {"median": m, "ci95": [m * 0.99, m * 1.01]}  # noqa: E731
+    ddp = {
+        "trials": [
+            {
+                "variant": "inductor+bf16",
+                "status": "ok",
+                "steady_ms": ms(40.0),
+                "single_process": {"steady_ms": ms(30.0)},
+                "scaling_efficiency": 0.75,
+                "scaling_efficiency_ci95": [0.74, 0.76],
+                "throughput_samples_s": 1600.0,
+                "losses": {"match": True},
+            },
+            {"variant": "eager+bf16", "status": "timeout", "reason": "past 300 s"},
+        ]
+    }
+    own = {"trials": [{"variant": "inductor+bf16", "status": "ok", "steady_ms": ms(20.0)}]}
+    rows = {r["variant"]: r for r in bench_dist.scaling_rows("resnet50", 2, ddp, own)}
+    ok = rows["inductor+bf16"]
+    assert ok["scaling_efficiency"] == 0.75 and ok["one_process_ms"]["median"] == 30.0
+    assert ok["one_process_own_ms"]["median"] == 20.0
+    assert ok["scaling_efficiency_own_process"] == pytest.approx(0.5)
+    failed = rows["eager+bf16"]
+    assert failed["status"] == "timeout" and failed["scaling_efficiency"] is None
+    assert failed["scaling_efficiency_own_process"] is None
