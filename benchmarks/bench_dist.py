@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkiln.api import bench
+from torchkiln.variants import split_variants
 
 SCHEMA = "kiln.bench_dist/1"
 
@@ -202,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    variants = args.variants.split(",")
+    variants = split_variants(args.variants)
     overrides = {"reps": args.reps, "check_accuracy": False}
     if args.nprocs:
         return run_scaling(args, out, variants, overrides)

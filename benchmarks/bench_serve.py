@@ -103,6 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--specialize", default="", help="comma-separated symbols to specialise")
     p.add_argument("--arms", default="eager,dynamic,auto,pow2,learned")
     p.add_argument(
+        "--sdp-backends",
+        default="",
+        help="comma-separated scaled_dot_product_attention backends to turn off for every arm "
+        "(cudnn, flash, mem_efficient), e.g. to test whether eager's per-new-shape cost is "
+        "cuDNN attention building a graph per shape",
+    )
+    p.add_argument(
         "--allow-cpu",
         action="store_true",
         help="smoke-test on CPU (numbers meaningless; use small --max-* and --variant)",
@@ -139,6 +146,13 @@ def main(argv: list[str] | None = None) -> int:
     dyn = torch._dynamo.config
     limit = "recompile_limit" if hasattr(dyn, "recompile_limit") else "cache_size_limit"
     setattr(dyn, limit, max(64, getattr(dyn, limit)))
+    disabled = [b for b in args.sdp_backends.split(",") if b]
+    for backend in disabled:
+        toggle = getattr(torch.backends.cuda, f"enable_{backend}_sdp", None)
+        if toggle is None:
+            print(f"--sdp-backends: this torch has no torch.backends.cuda.enable_{backend}_sdp")
+            return 2
+        toggle(False)
     log(f"loading bert-base on {device}")
     workload = load_workload("bert-base", preset="full", step="infer")
     model = workload.model.to(device).eval()
@@ -160,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     result["workload"] = "bert-base (BertForSequenceClassification, BertConfig(), random weights)"
     result["inductor_counters"] = {k: dict(v) for k, v in counters.items() if k == "inductor"}
     result["environment"] = environment()
+    result["sdp_backends_disabled"] = disabled
     result["command"] = "PYTHONPATH=src python3 benchmarks/bench_serve.py " + " ".join(
         sys.argv[1:] if argv is None else argv
     )

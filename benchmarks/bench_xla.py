@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from torchkiln.api import run_trials  # noqa: E402
 from torchkiln.runner.trial import TrialSpec  # noqa: E402
+from torchkiln.variants import split_variants  # noqa: E402
 
 VARIANTS = ("xla+bf16", "inductor+bf16", "inductor:mode=reduce-overhead+bf16")
 BASELINE = "eager+bf16"
@@ -132,7 +133,7 @@ def main() -> None:
     specs = []
     for workload in args.workloads.split(","):
         for step in args.steps.split(","):
-            for variant in args.variants.split(","):
+            for variant in split_variants(args.variants):
                 specs.append(
                     TrialSpec(
                         workload=workload,

@@ -81,7 +81,10 @@ phases-tune)
     job xla_bert_train 400 bash -c "python3 -m pip install -q --no-index --no-deps \
       --no-compile --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site:\$PYTHONPATH python3 \
       benchmarks/bench_xla.py --out $ROOT/xla --workloads bert-base --steps train"
-    job serve 600 python3 benchmarks/bench_serve.py --out "$ROOT/serve")
+    job serve 600 python3 benchmarks/bench_serve.py --out "$ROOT/serve"
+    # Is eager's slow level cuDNN attention building a graph for each new shape?
+    job serve_eager_nocudnn 90 python3 benchmarks/bench_serve.py --out "$ROOT/serve-nocudnn" \
+      --arms eager --requests 300 --sdp-backends cudnn)
   echo "$(date +%T) all done" >>"$ROOT/status.txt"
   ;;
 phases-session2)

@@ -69,6 +69,12 @@ def test_bench_simple_tiny_cpu_end_to_end(tmp_path):
     [
         (["bench", "nope"], "unknown workload 'nope'; choose from"),
         (["bench", "simple", "--variants", "inductor:mode=warp"], "choose from ['default'"),
+        # A spec's own commas stay inside it: the bad value is reported, not "dynamic=..." as a
+        # backend name.
+        (
+            ["bench", "simple", "--variants", "eager,inductor:dynamic=false,mode=warp+bf16"],
+            "inductor: mode='warp'; choose from",
+        ),
         (["bench", "missing.py:f"], "does not exist"),
         (["bench", f"{WL}:broken_factory"], "the factory itself is broken"),
         (["bench", f"{WL}:mismatch", "--device", "cpu"], "do not run through the model"),

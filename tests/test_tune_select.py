@@ -102,6 +102,10 @@ def test_search_is_ordered_by_the_profile_verdict_and_pruned_by_breaks():
     cpu = candidates(Evidence(device="cpu", step="train", convolutional=True))
     assert not any("reduce-overhead" in c.spec or c.spec == "cudagraphs" for c in cpu)
     assert any("scope=step" in c.spec for c in cpu)
+    train = candidates(Evidence(device="cuda", step="train", graph_breaks=0))
+    steps = [c.spec for c in train if "scope=step" in c.spec]
+    assert steps and not any("fullgraph=true" in s for s in steps)  # backward() breaks the graph
+    assert any("fullgraph=true" in c.spec for c in train if "scope=" not in c.spec)
     assert any(c.spec.endswith("+channels_last") for c in cpu)
     assert not any("+bf16" in c.spec for c in cpu)
     bf16 = candidates(Evidence(device="cpu", step="infer", allow_precision={"bf16"}))

@@ -100,3 +100,20 @@ def test_regions_is_an_inductor_scope_only():
     assert parse_variant("inductor:scope=regions").backend.scope == "regions"
     with pytest.raises(VariantSpecError, match="choose from"):
         parse_variant("cudagraphs:scope=regions")
+
+
+def test_a_list_of_specs_splits_only_where_a_backend_name_follows_the_comma():
+    from torchkiln.variants import split_variants
+
+    text = "eager, inductor:mode=max-autotune,dynamic=false+bf16,cudagraphs,inductor:scope=step"
+    assert split_variants(text) == [
+        "eager",
+        "inductor:mode=max-autotune,dynamic=false+bf16",
+        "cudagraphs",
+        "inductor:scope=step",
+    ]
+    for spec in split_variants(text):
+        parse_variant(spec)  # every piece is a whole, valid spec
+    assert split_variants("eager,,inductor") == ["eager", "inductor"]
+    # A first piece that names no backend is kept, for parse_variant to refuse with the choices.
+    assert split_variants("mode=fast,eager") == ["mode=fast", "eager"]

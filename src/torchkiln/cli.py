@@ -34,7 +34,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--variants",
-        help="comma-separated specs; default on cuda: "
+        help="comma-separated specs (a spec's own commas are fine: a new spec starts where a "
+        "backend name follows a comma); default on cuda: "
         f"{','.join(DEFAULT_VARIANTS['cuda'])}; on cpu: "
         f"{','.join(DEFAULT_VARIANTS['cpu'])}",
     )
@@ -135,10 +136,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from torchkiln.report.table import render
     from torchkiln.runner.dist_launch import check_dist, dist_summary_lines
     from torchkiln.runner.executors import make_executor
+    from torchkiln.variants import split_variants
 
     device = args.device or _default_device()
     _check_device(device)
-    variants = args.variants.split(",") if args.variants else default_variants(device)
+    variants = split_variants(args.variants) if args.variants else default_variants(device)
     overrides: dict[str, Any] = {"check_accuracy": not args.no_check}
     if args.reps:
         overrides["reps"] = args.reps

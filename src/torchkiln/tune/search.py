@@ -86,8 +86,10 @@ def candidates(ev: Evidence) -> list[Candidate]:
             why += " (CUDA graphs: removes per-kernel launch cost)"
         add(spec, why, prio, COMPILE_FACTOR[mode])
         if ev.step == "train" and mode in ("default", "reduce-overhead"):
+            # Never fullgraph: the step calls loss.backward(), which Dynamo does not trace by
+            # default ("Unsupported Tensor.backward() call"), so fullgraph=true always fails.
             add(
-                _with(spec, scope="step"),
+                _with(spec, scope="step", fullgraph="false"),
                 why + ", whole step with the optimizer compiled",
                 prio + 0.5,
                 COMPILE_FACTOR[mode] * 1.3,

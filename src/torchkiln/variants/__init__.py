@@ -13,6 +13,7 @@ from torchkiln.variants.base import (
     available_backends,
     parse_variant,
     register_backend,
+    split_variants,
 )
 
 __all__ = [
@@ -24,4 +25,5 @@ __all__ = [
     "available_backends",
     "parse_variant",
     "register_backend",
+    "split_variants",
 ]

@@ -193,6 +193,23 @@ def parse_variant(spec: str) -> Variant:
     return Variant(backend=backend, precision=precision, channels_last=channels_last)
 
 
+def split_variants(text: str) -> list[str]:
+    """A comma-separated list of specs, where specs may hold commas of their own:
+    ``eager,inductor:mode=max-autotune,dynamic=false+bf16`` is two specs. A comma starts a new
+    spec only where a registered backend name follows it; otherwise it separates parameters."""
+    names = backends()
+    specs: list[str] = []
+    for piece in (p.strip() for p in text.split(",")):
+        if not piece:
+            continue
+        head = piece.split("+", 1)[0].split(":", 1)[0]
+        if specs and head not in names:
+            specs[-1] += "," + piece
+        else:
+            specs.append(piece)
+    return specs
+
+
 def format_variant(v: Variant) -> str:
     """The canonical spec: parameters that differ from their default, in field order."""
     parts = []
