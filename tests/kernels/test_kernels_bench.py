@@ -73,8 +73,10 @@ def test_sweep_checks_and_counts_bytes(fake_timer):
             entry = r["arms"][arm]
             assert entry["status"] == "ok", (r["kernel"], r["direction"], arm, entry)
             assert entry["gbps"] == pytest.approx(r["bytes"] / 2e-3 / 1e9)
-            # Tiny CPU calls take far less than the (faked) 2 ms they are credited with.
-            assert 0 < entry["host_us"] < 1600 and entry["launch_bound"] is False
+            # The flag is the rule applied to the two measured times (no timing threshold here:
+            # a busy machine may stretch a tiny call past the faked 2 ms).
+            assert entry["host_us"] > 0
+            assert entry["launch_bound"] is (entry["host_us"] >= 0.8 * entry["ms"] * 1e3)
     assert set(doc["copy"]) == {"fp32 64x200", "bf16 64x200"}
     table = bench.format_table(doc)
     assert "masked_softmax" in table and "kiln/compile" in table
@@ -113,8 +115,8 @@ def test_a_call_slower_on_the_host_than_its_timing_is_flagged_launch_bound(fake_
     monkeypatch.setattr(bench, "HOST_CALLS", 5)
     doc = bench.sweep(["softmax"], ["fwd"], ["fp32"], 8, [16], with_compile=False, device="cpu")
     arms = doc["results"][0]["arms"]
+    # A 3 ms sleep per call is at least 3000 us on any machine, past 80% of the faked 2 ms.
     assert arms["kiln"]["host_us"] >= 3000 and arms["kiln"]["launch_bound"] is True
-    assert arms["eager"]["launch_bound"] is False
     host_cell = bench.format_table(doc).splitlines()[2].split()[-1]  # the kiln host us column
     assert host_cell.endswith("*") and int(host_cell[:-1]) >= 3000
 
