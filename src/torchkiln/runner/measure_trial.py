@@ -1,6 +1,8 @@
 """One trial, in order: the variant alone (first call, warm-up, memory), then the baseline, then
 interleaved paired reps, kernel counts, FLOPs, and the correctness check last (so its extra
-builds cannot warm the caches that the first call is timed against)."""
+builds cannot warm the caches that the first call is timed against).
+`xla` trials, which cannot share a process's PyTorch with their baseline, take the order of
+`measure_apart` instead (baseline and references first)."""
 
 from __future__ import annotations
 
