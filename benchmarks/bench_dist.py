@@ -120,30 +120,24 @@ def run_scaling(args: argparse.Namespace, out: Path, variants: list[str], overri
     t0 = time.time()
     rows, runs, env = [], {}, None
     path = out / "bench_dist_scaling.json"
+    common = dict(
+        step="train",
+        device=args.device,
+        preset=args.preset,
+        timeout_s=args.timeout,
+        spec_overrides=overrides,
+    )
     for workload in args.workloads.split(","):
-        own = bench(
-            workload,
-            variants,
-            step="train",
-            device=args.device,
-            preset=args.preset,
-            timeout_s=args.timeout,
-            out=out / f"{workload}-one-process",
-            spec_overrides=overrides,
-        )
+        own = bench(workload, variants, out=out / f"{workload}-one-process", **common)
         runs[f"{workload}-one-process"] = own["run_dir"]
         for nproc in (int(n) for n in args.nprocs.split(",")):
             doc = bench(
                 workload,
                 variants,
-                step="train",
-                device=args.device,
-                preset=args.preset,
-                timeout_s=args.timeout,
                 out=out / f"{workload}-{args.dist}{nproc}",
-                spec_overrides=overrides,
                 dist=args.dist,
                 nproc=nproc,
+                **common,
             )
             env = env or doc.get("environment")
             runs[f"{workload}-{nproc}"] = doc["run_dir"]

@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Any
 
 from torchkiln.measure.kernels import kernels_per_step
-from torchkiln.measure.memory import MemoryTracker
 from torchkiln.measure.stats import summarize, unpaired_speedup
 from torchkiln.measure.timer import StepTimer, calibrate_steps
 from torchkiln.runner.executable import build_arm
@@ -23,12 +22,11 @@ from torchkiln.runner.measure_trial import (
     DROPOUT_NOTE,
     achieved_tflops,
     apply_correctness,
-    capture,
     flops_and_peak,
     judge,
     no_dropout_first,
     reference_tensors,
-    snapshot,
+    variant_alone,
     warm_up,
 )
 from torchkiln.runner.settings import active_dropout
@@ -72,16 +70,7 @@ def measure_baseline_first(
     refs = reference_tensors(spec, variant, dropout, phases) if spec.check_accuracy else None
 
     # 2. The variant alone: first call (compilation included), warm-up, memory, reps.
-    phases("build")
-    with MemoryTracker(spec.device) as mem:
-        arm = build_arm(spec, variant)
-        before = snapshot(arm)
-        phases("first_call")
-        result["first_call_s"], first_outputs = capture(arm, timer, before)
-        del before
-        phases("warmup")
-        result["warmup"] = warm_up(arm, timer, spec)
-    result["memory"] = mem.report.to_dict()
+    arm, first_outputs = variant_alone(spec, variant, timer, result, phases)
     phases("measure")
     steps, var_ms = timed_reps(arm, timer, spec)
     result["steps_per_rep"] = steps

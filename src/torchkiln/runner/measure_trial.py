@@ -165,6 +165,24 @@ def achieved_tflops(result: dict[str, Any]) -> None:
     result["pct_of_peak"] = 100.0 * achieved / peak if achieved and peak else None
 
 
+def variant_alone(
+    spec: TrialSpec, variant: Variant, timer: StepTimer, result: dict[str, Any], phases
+) -> tuple[Arm, list]:
+    """Build the variant, time its first call (compilation included), warm it up; records
+    first_call_s, warmup and memory. Returns the arm and the first call's outputs."""
+    phases("build")
+    with MemoryTracker(spec.device) as mem:
+        arm = build_arm(spec, variant)
+        before = snapshot(arm)
+        phases("first_call")
+        result["first_call_s"], first_outputs = capture(arm, timer, before)
+        del before
+        phases("warmup")
+        result["warmup"] = warm_up(arm, timer, spec)
+    result["memory"] = mem.report.to_dict()
+    return arm, first_outputs
+
+
 def measure_trial(spec: TrialSpec, result: dict[str, Any], phases) -> None:
     import torch
 
@@ -195,17 +213,8 @@ def measure_trial(spec: TrialSpec, result: dict[str, Any], phases) -> None:
         return
 
     # 1. The variant alone: first call (compilation included), warm-up, memory.
-    phases("build")
-    with MemoryTracker(spec.device) as mem:
-        arm = build_arm(spec, variant)
-        dropout = spec.step == "train" and active_dropout(arm.model)
-        before = snapshot(arm)
-        phases("first_call")
-        result["first_call_s"], first_outputs = capture(arm, timer, before)
-        del before
-        phases("warmup")
-        result["warmup"] = warm_up(arm, timer, spec)
-    result["memory"] = mem.report.to_dict()
+    arm, first_outputs = variant_alone(spec, variant, timer, result, phases)
+    dropout = spec.step == "train" and active_dropout(arm.model)
     result["dynamo"] = dynamo_counters()
 
     # 2. The baseline, warmed the same way.
