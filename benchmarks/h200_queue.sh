@@ -55,21 +55,26 @@ start)
   echo "started $plan; status in $ROOT/status.txt"
   ;;
 phases-zoo)
-  # The zoo's remaining groups (issue 2), resnet50 on GPU 0 and bert-base on GPU 1, then the
-  # instrument checks (plain loop interleaved with kiln, A/A) on GPU 0. Each group resumes
-  # from ROOT/zoo/runs, so a second lease continues where the first stopped.
+  # Issue 2's evidence. First, alone on the host, the instrument checks (plain loop interleaved
+  # with kiln, A/A): they time launch-bound steps, which a second queue's compiles disturb.
+  # Then the grid's remaining groups, resnet50 on GPU 0 and bert-base on GPU 1, every group's
+  # quick modes before any max-autotune compile (resnet50's ran past 7.5 min in session 1), so
+  # a lease that ends early loses only max-autotune trials. Groups resume from ROOT/zoo/runs.
   nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
   half=$(($(nproc) / 2))
-  zoo() { python3 benchmarks/bench_zoo.py --out "$ROOT/zoo" --timeout 600 "$@"; }
-  (export CUDA_VISIBLE_DEVICES=0 TORCHINDUCTOR_COMPILE_THREADS=$half
-    taskset -pc "0-$((half - 1))" $BASHPID >/dev/null
-    job zoo_resnet50 3000 zoo --workloads resnet50) &
-  (export CUDA_VISIBLE_DEVICES=1 TORCHINDUCTOR_COMPILE_THREADS=$half
-    taskset -pc "$half-$((2 * half - 1))" $BASHPID >/dev/null
-    job zoo_bert 3000 zoo --workloads bert-base) &
+  zoo() { python3 benchmarks/bench_zoo.py --out "$ROOT/zoo" "$@"; }
+  (export CUDA_VISIBLE_DEVICES=0
+    job zoo_checks 480 zoo --workloads simple,resnet50,bert-base --plain-check --aa \
+      --checks-only --timeout 200)
+  quick=eager,inductor,inductor:mode=reduce-overhead
+  for gpu in 0 1; do
+    w=$([ $gpu = 0 ] && echo resnet50 || echo bert-base)
+    (export CUDA_VISIBLE_DEVICES=$gpu TORCHINDUCTOR_COMPILE_THREADS=$half
+      taskset -pc "$((gpu * half))-$((gpu * half + half - 1))" $BASHPID >/dev/null
+      job "zoo_$w" 1500 zoo --workloads "$w" --modes "$quick" --timeout 300
+      job "zoo_${w}_ma" 1500 zoo --workloads "$w" --timeout 480) &
+  done
   wait
-  # Alone on the host: the checks time launch-bound steps. Groups resume (no re-measuring).
-  (export CUDA_VISIBLE_DEVICES=0; job zoo_checks 900 zoo --workloads resnet50,bert-base --plain-check --aa)
   echo "$(date +%T) all done" >>"$ROOT/status.txt"
   ;;
 phases-tune)
