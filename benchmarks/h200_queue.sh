@@ -62,17 +62,17 @@ phases-zoo)
   # a lease that ends early loses only max-autotune trials. Groups resume from ROOT/zoo/runs.
   nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
   half=$(($(nproc) / 2))
-  zoo() { python3 benchmarks/bench_zoo.py --out "$ROOT/zoo" "$@"; }
+  zoo="python3 benchmarks/bench_zoo.py --out $ROOT/zoo"
   (export CUDA_VISIBLE_DEVICES=0
-    job zoo_checks 480 zoo --workloads simple,resnet50,bert-base --plain-check --aa \
+    job zoo_checks 480 $zoo --workloads simple,resnet50,bert-base --plain-check --aa \
       --checks-only --timeout 200)
   quick=eager,inductor,inductor:mode=reduce-overhead
   for gpu in 0 1; do
     w=$([ $gpu = 0 ] && echo resnet50 || echo bert-base)
     (export CUDA_VISIBLE_DEVICES=$gpu TORCHINDUCTOR_COMPILE_THREADS=$half
       taskset -pc "$((gpu * half))-$((gpu * half + half - 1))" $BASHPID >/dev/null
-      job "zoo_$w" 1500 zoo --workloads "$w" --modes "$quick" --timeout 300
-      job "zoo_${w}_ma" 1500 zoo --workloads "$w" --timeout 480) &
+      job "zoo_$w" 1500 $zoo --workloads "$w" --modes "$quick" --timeout 300
+      job "zoo_${w}_ma" 1500 $zoo --workloads "$w" --timeout 480) &
   done
   wait
   echo "$(date +%T) all done" >>"$ROOT/status.txt"
