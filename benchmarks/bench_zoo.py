@@ -49,6 +49,9 @@ class Log(TrialEvents):
             f"wall={result.get('process_wall_s')} {result.get('reason') or ''}",
             flush=True,
         )
+        if self.partial_path is not None:
+            self.results.append(result)
+            self.partial_path.write_text(json.dumps({"trials": self.results}, indent=2))
 
 
 MODES = [
