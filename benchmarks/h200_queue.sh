@@ -18,6 +18,27 @@ cmd=${1:-start}
 ROOT=${2:-/tmp/kiln_gpu}
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}src PYTHONUNBUFFERED=1
 
+cpus_for() { # cpus_for I N: the CPUs of queue I of N, whole physical cores (SMT siblings
+  # together). A plain 0-15 / 16-31 split can hand each queue one thread of every physical
+  # core when Linux numbers siblings N/2 apart, and then the queues share every core.
+  python3 - "$1" "$2" <<'PY'
+import glob, sys
+i, n = int(sys.argv[1]), int(sys.argv[2])
+cores = {}
+for path in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/topology/thread_siblings_list"):
+    cores.setdefault(open(path).read().strip(), None)
+def expand(text):
+    out = []
+    for part in text.split(","):
+        a, _, b = part.partition("-")
+        out += range(int(a), int(b or a) + 1)
+    return out
+groups = sorted((expand(k) for k in cores), key=min)
+share = groups[i * len(groups) // n:(i + 1) * len(groups) // n]
+print(",".join(str(c) for g in share for c in g))
+PY
+}
+
 job() { # job NAME TIMEOUT_S COMMAND...: one line per job in ROOT/status.txt
   local name=$1 limit=$2
   shift 2
@@ -62,6 +83,7 @@ phases-zoo)
   # quick modes before any max-autotune compile (resnet50's ran past 7.5 min in session 1), so
   # a lease that ends early loses only max-autotune trials. Groups resume from ROOT/zoo/runs.
   nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
+  (lscpu; echo "queue cpus: $(cpus_for 0 2) | $(cpus_for 1 2)") >"$ROOT/cpus.txt" 2>&1
   half=$(($(nproc) / 2))
   zoo="python3 benchmarks/bench_zoo.py --out $ROOT/zoo"
   (export CUDA_VISIBLE_DEVICES=0
@@ -71,7 +93,7 @@ phases-zoo)
   for gpu in 0 1; do
     w=$([ $gpu = 0 ] && echo resnet50 || echo bert-base)
     (export CUDA_VISIBLE_DEVICES=$gpu TORCHINDUCTOR_COMPILE_THREADS=$half
-      taskset -pc "$((gpu * half))-$((gpu * half + half - 1))" $BASHPID >/dev/null
+      taskset -pc "$(cpus_for $gpu 2)" $BASHPID >/dev/null
       job "zoo_$w" 1500 $zoo --workloads "$w" --modes "$quick" --timeout 300
       job "zoo_${w}_ma" 1500 $zoo --workloads "$w" --timeout 480) &
   done
@@ -83,6 +105,7 @@ phases-zoo-rest)
   # groups and the A/A question. The committed run directories are resumed (a timed-out trial
   # is run again), so only the missing trials run. Probes first, alone on the host.
   nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
+  (lscpu; echo "queue cpus: $(cpus_for 0 2) | $(cpus_for 1 2)") >"$ROOT/cpus.txt" 2>&1
   mkdir -p "$ROOT/zoo"
   cp -r benchmarks/results/zoo-h200/runs "$ROOT/zoo/runs"
   grep -l '"status": "timeout"' "$ROOT"/zoo/runs/*/trials/*/result.json | xargs -r rm -f
@@ -95,7 +118,7 @@ phases-zoo-rest)
       --pairs 40 >$ROOT/plain_bert.json")
   for gpu in 0 1; do
     (export CUDA_VISIBLE_DEVICES=$gpu TORCHINDUCTOR_COMPILE_THREADS=$half
-      taskset -pc "$((gpu * half))-$((gpu * half + half - 1))" $BASHPID >/dev/null
+      taskset -pc "$(cpus_for $gpu 2)" $BASHPID >/dev/null
       if [ $gpu = 0 ]; then
         job zoo_r50_infer 700 $zoo --workloads resnet50 --steps infer --precisions fp32 --timeout 600
         job zoo_r50_train_bf16 700 $zoo --workloads resnet50 --steps train --precisions bf16 --timeout 600
@@ -111,6 +134,7 @@ phases-tune)
   # Issue 5's evidence: kiln tune on resnet50 and bert-base, infer and train, bf16 allowed (its
   # search runs one trial per visible GPU), then the leftovers of issues 7 and 8 on GPU 0.
   nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
+  (lscpu; echo "queue cpus: $(cpus_for 0 2) | $(cpus_for 1 2)") >"$ROOT/cpus.txt" 2>&1
   job tune 3600 python3 benchmarks/bench_tune.py --out "$ROOT/tune"
   (export CUDA_VISIBLE_DEVICES=0
     job xla_bert_train 400 bash -c "python3 -m pip install -q --no-index --no-deps \
@@ -124,14 +148,15 @@ phases-tune)
   ;;
 phases-session2)
   nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
+  (lscpu; echo "queue cpus: $(cpus_for 0 2) | $(cpus_for 1 2)") >"$ROOT/cpus.txt" 2>&1
   job dist_scaling 420 python3 benchmarks/bench_dist.py --out "$ROOT/dist2" \
     --workloads resnet50,bert-base --variants eager+bf16,inductor+bf16 --nprocs 2 --timeout 300
   half=$(($(nproc) / 2))
   (export CUDA_VISIBLE_DEVICES=0 TORCHINDUCTOR_COMPILE_THREADS=$half
-    taskset -pc "0-$((half - 1))" $BASHPID >/dev/null
+    taskset -pc "$(cpus_for 0 2)" $BASHPID >/dev/null
     queue0) &
   (export CUDA_VISIBLE_DEVICES=1 TORCHINDUCTOR_COMPILE_THREADS=$half
-    taskset -pc "$half-$((2 * half - 1))" $BASHPID >/dev/null
+    taskset -pc "$(cpus_for 1 2)" $BASHPID >/dev/null
     queue1) &
   wait
   echo "$(date +%T) all done" >>"$ROOT/status.txt"

@@ -58,6 +58,10 @@ def test_bench_simple_tiny_cpu_end_to_end(tmp_path):
     assert ind["dynamo"]["graphs"] >= 1 and ind["dynamo"]["graph_breaks"] == 0
     assert ind["correctness"]["passed"]
     assert ind["flops_per_step"] == eager["flops_per_step"] > 0
+    # The host's load around the timed reps; on the CPU the trial's own threads count as its own.
+    load = ind["host_load"]
+    assert load["own_threads"] == ind["settings"]["threads"]
+    assert load["after"]["cpus"] >= 1 and len(load["after"]["loadavg"]) == 3
     assert ind["environment"]["torch"].startswith("2.")
     assert len(ind["steady_ms"]["samples"]) == 5
     assert "inductor" in proc.stdout and "speedup" in proc.stdout

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from torchkiln.measure import correctness as corr
+from torchkiln.measure import host_load
 from torchkiln.measure.memory import MemoryTracker
 from torchkiln.measure.stats import paired_speedup, summarize, unpaired_speedup
 from torchkiln.measure.timer import StepTimer, calibrate_steps
@@ -191,3 +192,29 @@ def test_unpaired_speedup_is_a_ratio_of_medians_with_an_interval_around_it():
     assert 1.9 < sp.ci95[0] and sp.ci95[1] < 2.1
     assert sp.significant and not sp.paired and sp.to_dict()["paired"] is False
     assert paired_speedup(base[:20], var).to_dict()["paired"] is True
+
+
+def _reading(load: float, cpus: int) -> dict:
+    return {"loadavg": [load, load, load], "cpus": cpus}
+
+
+def test_a_busy_host_is_noted_with_its_load_and_the_trials_own_threads_are_not_counted():
+    # 32 CPUs, a second queue compiling on 16 of them: noted, with the figures.
+    note = host_load.busy_note(_reading(2.0, 32), _reading(17.5, 32), own_threads=1)
+    assert note is not None
+    assert "load average 17.5 on 32 usable CPUs" in note and "about 16 runnable" in note
+    # The same load made by a CPU trial's own 16 intra-op threads is not "busy".
+    assert host_load.busy_note(_reading(2.0, 32), _reading(17.5, 32), own_threads=16) is None
+    # A quiet host, and a host with one other thread, carry no note.
+    assert host_load.busy_note(_reading(0.3, 32), _reading(1.2, 32), own_threads=1) is None
+    assert host_load.busy_note(_reading(1.9, 2), _reading(1.9, 2), own_threads=1) is None
+    # The lagging 1-minute average: either reading above the line is enough.
+    assert host_load.busy_note(_reading(12.0, 16), _reading(1.0, 16), own_threads=1)
+    assert host_load.busy_note(None, None, own_threads=1) is None
+
+
+def test_a_host_load_snapshot_reads_this_machine():
+    snap = host_load.snapshot()
+    assert snap is not None  # Linux has load averages
+    assert len(snap["loadavg"]) == 3 and all(x >= 0 for x in snap["loadavg"])
+    assert snap["cpus"] == host_load.usable_cpus() >= 1

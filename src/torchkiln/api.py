@@ -14,6 +14,7 @@ from typing import Any
 
 from torchkiln import __version__
 from torchkiln.errors import KilnUserError
+from torchkiln.report.drift import baseline_drift
 from torchkiln.runner.dist_launch import check_dist, run_dist_trial
 from torchkiln.runner.executors import LocalExecutor, PoolExecutor, RayExecutor, TrialExecutor
 from torchkiln.runner.launch import preflight, run_trial
@@ -180,6 +181,7 @@ def bench(
         "run_dir": str(run.path),
         "environment": env,
         "trials": results,
+        "baseline_drift": baseline_drift(results),
     }
     from torchkiln.runner.worker import write_json
 

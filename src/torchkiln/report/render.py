@@ -111,6 +111,9 @@ def markdown(doc: dict[str, Any]) -> str:
     env_check = stages.get("environment") or {}
     for p in env_check.get("problems") or []:
         out.append(f"- Environment: {_md(p)}")
+    drift = doc.get("baseline_drift") or {}
+    if drift.get("warning"):
+        out.append(f"- Warning: {_md(drift['warning'])}")
     return "\n".join(out) + "\n"
 
 

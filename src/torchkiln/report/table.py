@@ -91,6 +91,7 @@ HEADERS = [
 
 def render(doc: dict[str, Any], console: Any = None) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     if console is None:
@@ -117,6 +118,12 @@ def render(doc: dict[str, Any], console: Any = None) -> None:
         for r in versus:
             side.add_row(*r.values())
         console.print(side)
+    for r in doc["trials"]:
+        for note in r.get("notes") or []:
+            console.print(f"[dim]{escape(r['variant'])}: {escape(note)}[/dim]", highlight=False)
+    drift = doc.get("baseline_drift") or {}
+    if drift.get("warning"):
+        console.print(f"[yellow]warning: {escape(drift['warning'])}[/yellow]", highlight=False)
     env = doc.get("environment") or {}
     gpu = (env.get("gpu") or {}).get("name") or env.get("cpu") or "?"
     console.print(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from torchkiln.measure import host_load
 from torchkiln.measure.kernels import kernels_per_step
 from torchkiln.measure.stats import summarize, unpaired_speedup
 from torchkiln.measure.timer import StepTimer, calibrate_steps
@@ -59,6 +60,7 @@ def measure_baseline_first(
     result["baseline_first_call_s"], _ = timer.time_once_s(base.step)
     warm_up(base, timer, spec)
     phases("measure_baseline")
+    load_before = host_load.snapshot()
     _, base_ms = timed_reps(base, timer, spec)
     if spec.count_kernels:
         phases("kernels")
@@ -78,6 +80,7 @@ def measure_baseline_first(
     result["steady_ms"] = summarize(var_ms).to_dict()
     result["baseline_ms"] = summarize(base_ms).to_dict()
     result["speedup"] = unpaired_speedup(base_ms, var_ms).to_dict()
+    host_load.record(result, load_before, spec.device)  # spans both arms' reps (unpaired)
     achieved_tflops(result)
     # JAX allocates outside torch's allocator, so its own peak is reported; and each new input
     # shape is an XLA recompile, timed per shape.

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from torchkiln.measure import correctness as corr
+from torchkiln.measure import host_load
 from torchkiln.measure.environment import collect as collect_environment
 from torchkiln.measure.flops import count_flops, peak_tflops
 from torchkiln.measure.kernels import kernels_per_step
@@ -226,6 +227,7 @@ def measure_trial(spec: TrialSpec, result: dict[str, Any], phases) -> None:
     # 3. Paired reps, alternating the order (A B, B A, ...) so drift hits both arms alike.
     phases("measure")
     before_reps = dynamo_counters()  # after the baseline's own warm-up (it may compile too)
+    load_before = host_load.snapshot()
     steps = calibrate_steps(timer, arm.step, spec.rep_ms)
     var_ms, base_ms = [], []
     for i in range(spec.reps):
@@ -240,6 +242,7 @@ def measure_trial(spec: TrialSpec, result: dict[str, Any], phases) -> None:
     result["steady_ms"] = summarize(var_ms).to_dict()
     result["baseline_ms"] = summarize(base_ms).to_dict()
     result["speedup"] = paired_speedup(base_ms, var_ms).to_dict()
+    host_load.record(result, load_before, spec.device)
     result["dynamo_after_measure"] = dynamo_counters()
     if result["dynamo_after_measure"]["recompiles"] > before_reps["recompiles"]:
         result["notes"].append("recompiled during the timed reps: steady state was not reached")

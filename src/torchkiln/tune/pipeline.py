@@ -14,6 +14,7 @@ from typing import Any
 from torchkiln import __version__
 from torchkiln.errors import KilnUserError
 from torchkiln.measure.environment import collect as collect_environment
+from torchkiln.report.drift import baseline_drift
 from torchkiln.runner.launch import preflight, run_trial
 from torchkiln.runner.rundir import RunDir
 from torchkiln.runner.trial import TrialSpec, base_result
@@ -309,6 +310,7 @@ def tune(
             "why": recommend.reasons(best, eager),
         },
         "trials": results,
+        "baseline_drift": baseline_drift(results),
     }
     write_json(out / "results.json", doc)
     from torchkiln.report.render import write_reports
