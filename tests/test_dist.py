@@ -77,6 +77,11 @@ def test_ddp_simple_eager_and_inductor_through_bench(tmp_path):
         assert t["losses"]["vs_single_process"]["match"]
     compiled = doc["trials"][1]
     assert all(r["dynamo"]["graphs"] >= 1 for r in compiled["ranks"])
+    # The reference is warmed like any arm, and Dynamo's counters show that it compiled its own
+    # graphs (a reference that silently ran eager would read slower than the compiled ranks).
+    single = compiled["single_process"]
+    assert single["warmup"]["steps"] >= FAST.get("warmup_steps", 1)
+    assert single["dynamo_after_warmup"]["graphs"] > single["dynamo_before"]["graphs"]
     saved = json.loads((tmp_path / "run" / "trials" / "01-inductor" / "result.json").read_text())
     assert saved["status"] == "ok" and saved["dist"]["nproc"] == 2
     lines = dist_summary_lines(doc)  # what `kiln bench --dist` prints under its table

@@ -53,18 +53,42 @@ def _paired(timer: Any, arm: Any, base: Any, steps: int, reps: int) -> tuple[lis
     return var_ms, base_ms
 
 
-def _single_process(spec: TrialSpec, variant: Any, steps: int, reps: int, warm: int) -> dict:
+def _single_process(spec: TrialSpec, variant: Any, steps: int, reps: int) -> dict:
     """The same variant without any wrapper, in this process: the one-process reference that
-    scaling efficiency is measured against (weak scaling: same per-rank batch)."""
+    scaling efficiency is measured against (weak scaling: same per-rank batch). Warmed as a
+    bench trial's arms are (steps and seconds), and with Dynamo's counters around it: on the
+    H200 this reference read 27.8 ms for simple inductor training where its own process read
+    18.8 (benchmarks/README.md), and the counters show whether it recompiled or ran eager."""
     from torchkiln.measure.stats import summarize
     from torchkiln.measure.timer import StepTimer
     from torchkiln.runner.executable import build_arm
+    from torchkiln.runner.measure_trial import dynamo_counters, warm_up
 
     timer = StepTimer(spec.device)
+    if variant.backend.name != "eager":
+        import torch
+
+        # Compile afresh, as its own process would. Without this, the new instance passed the
+        # guards of the graph Dynamo had made for the DDP-wrapped model (parameters are graph
+        # inputs, so guards check structure, not identity) and ran it: no new graph was made
+        # (seen on the CPU with gloo). That graph was traced through DDP's wrapper, and for a
+        # model larger than one gradient bucket Dynamo's DDPOptimizer splits it at bucket
+        # boundaries: not what a plain run compiles.
+        torch._dynamo.reset()
+    before = dynamo_counters()
     arm = build_arm(replace(spec, step="train"), variant)
-    losses = [float(arm.step())] + _warm(arm.step, warm)
+    losses = [float(arm.step())] + _warm(arm.step, LOSS_STEPS - 1)
+    warmup = warm_up(arm, timer, spec)
+    after_warmup = dynamo_counters()
     ms = [timer.time(arm.step, steps) for _ in range(reps)]
-    return {"steady_ms": summarize(ms).to_dict(), "losses": losses[:LOSS_STEPS]}
+    return {
+        "steady_ms": summarize(ms).to_dict(),
+        "losses": losses[:LOSS_STEPS],
+        "warmup": warmup,
+        "dynamo_before": before,
+        "dynamo_after_warmup": after_warmup,
+        "dynamo_after_measure": dynamo_counters(),
+    }
 
 
 def measure_rank(spec: TrialSpec, out: dict[str, Any], phases: Phases) -> None:
@@ -139,7 +163,7 @@ def measure_rank(spec: TrialSpec, out: dict[str, Any], phases: Phases) -> None:
     single = None
     if rank == 0 and opts.get("single_process", True):
         del arm
-        single = _single_process(spec, variant, steps, spec.reps, spec.warmup_steps)
+        single = _single_process(spec, variant, steps, spec.reps)
     dist.barrier()
 
     phases("merge")
