@@ -5,7 +5,8 @@
 #
 #   bash benchmarks/h200_queue.sh start ROOT [PLAN]     # detaches (setsid); returns at once;
 #                                                       # PLAN: session2 (default), zoo,
-#                                                       # zoo-rest, tune
+#                                                       # zoo-rest, tune, tune-infer,
+#                                                       # tune-train
 #   bash benchmarks/h200_queue.sh wait ROOT SECONDS DIR # waits for the end or SECONDS, then
 #                                                       # packs ROOT into DIR/gpu.tgz
 #   bash benchmarks/h200_queue.sh recheck ROOT DIR      # one GPU, ~5 min (see below)
@@ -128,6 +129,25 @@ phases-zoo-rest)
         job dist_simple 300 python3 benchmarks/bench_dist.py --out "$ROOT/dist1" \
           --workloads simple --timeout 240
       fi) &
+  done
+  wait
+  echo "$(date +%T) all done" >>"$ROOT/status.txt"
+  ;;
+phases-tune-infer | phases-tune-train)
+  # Issue 5's evidence in two leases (the whole of it, four tunes and their plain-mode
+  # comparisons, is over an hour of GPU time): one step kind per lease, resnet50 on GPU 0 and
+  # bert-base on GPU 1, each tune held to one GPU, a 10-minute budget, and plain trials capped
+  # at 5 minutes (a max-autotune compile past that is reported as a timeout).
+  step=${cmd#phases-tune-}
+  nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
+  (lscpu; echo "queue cpus: $(cpus_for 0 2) | $(cpus_for 1 2)") >"$ROOT/cpus.txt" 2>&1
+  half=$(($(nproc) / 2))
+  for gpu in 0 1; do
+    w=$([ $gpu = 0 ] && echo resnet50 || echo bert-base)
+    (export CUDA_VISIBLE_DEVICES=$gpu TORCHINDUCTOR_COMPILE_THREADS=$half
+      taskset -pc "$(cpus_for $gpu 2)" $BASHPID >/dev/null
+      job "tune_${w}_$step" 1650 python3 benchmarks/bench_tune.py --out "$ROOT/tune-$w" \
+        --workloads "$w" --steps "$step" --budget 10m --plain-timeout 300) &
   done
   wait
   echo "$(date +%T) all done" >>"$ROOT/status.txt"
