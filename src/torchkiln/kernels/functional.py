@@ -60,6 +60,40 @@ def check_scale(fn: str, scale: object) -> float:
     return float(scale)
 
 
+def _flag(name: str) -> bool:
+    """A dispatcher state check that must be False for a direct call; a torch without it
+    (renamed in some version) counts as True, so the call keeps the op."""
+    probe = getattr(torch._C, name, None)
+    return True if probe is None else bool(probe())
+
+
+def direct_call(*tensors: Tensor | None) -> bool:
+    """Whether an eager call may skip torch.library's dispatch and run the op's body itself
+    (the same launcher call the op would make). torch.library costs ~15 us a call: on this
+    repository's CPU host a 4x8 softmax took 32.1 us through the op and 17.5 us through its
+    body, and on the H200 short rows are launch-bound (benchmarks/README.md). Everything the
+    dispatcher has to see keeps the op: CPU tensors, compilation and tracing, autograd, tensor
+    subclasses (fake, functional), dispatch and torch-function modes (profilers, FLOP
+    counters), functorch transforms (vmap, grad)."""
+    ts = [t for t in tensors if t is not None]
+    return ts[0].is_cuda and dispatch_free(ts)
+
+
+def dispatch_free(ts: list[Tensor]) -> bool:
+    """direct_call's conditions other than the device (so they can be tested on the CPU)."""
+    if torch.compiler.is_compiling():
+        return False
+    if any(type(t) is not Tensor for t in ts):
+        return False
+    if torch.is_grad_enabled() and any(t.requires_grad for t in ts):
+        return False
+    return not (
+        _flag("_len_torch_dispatch_stack")
+        or _flag("_is_torch_function_mode_enabled")
+        or _flag("_are_functorch_transforms_active")
+    )
+
+
 def _check_same_device(fn: str, name: str, t: Tensor, ref_name: str, ref: Tensor) -> None:
     if t.device != ref.device:
         raise ValueError(f"{fn}: {name} is on {t.device} but {ref_name} is on {ref.device}")
@@ -77,7 +111,7 @@ def softmax(x: Tensor, dim: int = -1) -> Tensor:
             f"{fn}: dim={dim}; kiln's softmax reduces over the last dimension only (dim=-1). "
             f"Move the axis: softmax(x.movedim({dim}, -1)).movedim(-1, {dim})"
         )
-    return ops.softmax(x)
+    return ops._softmax(x) if direct_call(x) else ops.softmax(x)
 
 
 def masked_softmax(scores: Tensor, mask: Tensor | None = None, scale: float = 1.0) -> Tensor:
@@ -113,6 +147,8 @@ def masked_softmax(scores: Tensor, mask: Tensor | None = None, scale: float = 1.
                 f"{fn}: mask requires grad, but masked_softmax treats the mask as a constant and "
                 "would silently drop its gradient; pass mask.detach()"
             )
+    if direct_call(scores, mask):
+        return ops._masked_softmax(scores, mask, scale)
     return ops.masked_softmax(scores, mask, scale)
 
 
@@ -138,4 +174,6 @@ def bias_act_scale(x: Tensor, bias: Tensor, act: str = "relu", scale: float = 1.
             f"{_dtype_name(x.dtype)}; cast bias to x's dtype"
         )
     _check_same_device(fn, "bias", bias, "x", x)
+    if direct_call(x, bias):
+        return ops._bias_act_scale(x, bias, act, scale)
     return ops.bias_act_scale(x, bias, act, scale)

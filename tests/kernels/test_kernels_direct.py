@@ -1,0 +1,86 @@
+"""Eager calls that need nothing from the dispatcher skip torch.library and run the op's body;
+everything else keeps the op. The conditions are checked here on the CPU; the direct calls
+themselves run on the GPU (marked `gpu`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernels_reference import (
+    GELU_ATOL,
+    assert_close,
+    bias_act_ref,
+    masked_softmax_ref,
+    softmax_ref,
+)
+from torch.overrides import TorchFunctionMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from torchkiln.kernels import bias_act_scale, masked_softmax, softmax
+from torchkiln.kernels.functional import direct_call, dispatch_free
+
+
+class _PassThrough(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def test_plain_tensors_without_autograd_are_dispatch_free():
+    x = torch.randn(4, 8)
+    assert dispatch_free([x])
+    with torch.no_grad():
+        assert dispatch_free([x.requires_grad_()])
+    assert not direct_call(torch.randn(4, 8))  # CPU tensors always keep the op
+
+
+def test_what_the_dispatcher_must_see_keeps_the_op():
+    x = torch.randn(4, 8)
+    assert not dispatch_free([torch.randn(4, 8, requires_grad=True)])  # autograd
+    assert not dispatch_free([x, torch.randn(8, requires_grad=True)])  # any input's autograd
+    with FlopCounterMode(display=False):  # a dispatch mode
+        assert not dispatch_free([x])
+    with _PassThrough():  # a torch-function mode
+        assert not dispatch_free([x])
+    seen = []
+    torch.func.vmap(lambda t: seen.append(dispatch_free([t])) or t)(x)  # a functorch transform
+    assert seen == [False]
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(x)
+    assert not dispatch_free([fake])  # a tensor subclass
+
+
+def test_compiled_code_keeps_the_op_without_a_graph_break():
+    def f(x):
+        return x + (1.0 if dispatch_free([x]) else 0.0)
+
+    x = torch.zeros(3)
+    assert torch.equal(torch.compile(f, fullgraph=True)(x), x)  # False while tracing
+    assert torch.equal(f(x), x + 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_direct_calls_on_the_gpu_match_the_references(dtype):
+    torch.manual_seed(0)
+    x = torch.randn(37, 781, device="cuda").to(dtype)
+    s = torch.randn(2, 3, 5, 129, device="cuda").to(dtype)
+    mask = torch.rand(2, 1, 1, 129, device="cuda") > 0.3
+    bias = torch.randn(781, device="cuda").to(dtype)
+    with torch.no_grad():
+        assert direct_call(x) and direct_call(s, mask) and direct_call(x, bias)
+        assert_close(softmax(x), softmax_ref(x), dtype, "softmax (direct)")
+        assert_close(
+            masked_softmax(s, mask, 0.5),
+            masked_softmax_ref(s, mask, 0.5),
+            dtype,
+            "masked_softmax (direct)",
+        )
+        assert_close(
+            bias_act_scale(x, bias, "gelu", 0.7),
+            bias_act_ref(x, bias, "gelu", 0.7),
+            dtype,
+            "bias_act_scale (direct)",
+            atol=GELU_ATOL,  # as test_kernels_gpu at the same scale
+        )
