@@ -86,6 +86,16 @@ def test_kiln_tune_simple_tiny_cpu_within_budget(tmp_path):
     assert doc["selection"]["best"] is not None
     assert doc["recommendation"]["code"].startswith("import torch")
     assert doc["stages"]["graph_breaks"]["breaks"] == 0
+    # The leader met its challengers head to head (or the report says why not).
+    h2h = doc["stages"]["head_to_head"]
+    assert h2h["leader"] is not None
+    assert len(doc["head_to_head_trials"]) + len(h2h["skipped"]) >= 1
+    for t in doc["head_to_head_trials"]:
+        assert t["baseline"] == h2h["leader"] and t["status"] == "ok", t.get("reason")
+    assert set(doc["selection"]["head_to_head"]) == {
+        t["variant"] for t in doc["head_to_head_trials"]
+    }
+    assert "Head to head" in (out / "report.md").read_text()
     rerender = _kiln("report", str(out))
     assert rerender.returncode == 0
 

@@ -6,7 +6,7 @@ import pytest
 
 from torchkiln.tune.api import parse_budget
 from torchkiln.tune.search import Evidence, candidates
-from torchkiln.tune.select import break_even_steps, select
+from torchkiln.tune.select import break_even_steps, finalists, select
 
 
 def trial(variant, ms, ci, speedup, sp_ci, first_s, *, passed=True, status="ok", precision="fp32"):
@@ -160,3 +160,73 @@ def test_estimates_learn_from_measured_compile_times():
     assert est(slow) == 10.0 + 5.0 * 20.0
     est.learn(Candidate("inductor", "", 0, 1.0), {"status": "ok", "first_call_s": 4.0})
     assert est(slow) == 10.0 + 5.0 * 4.0
+
+
+# Session 3 on the H200, resnet50 infer bf16: reduce-overhead ran 1.80 ms and max-autotune
+# 3.48 ms, but their speedups over eager (host-bound, 4.96 and 9.54 ms in their trials) read
+# 2.75x and 2.71x. Cross-trial speedups cannot separate them; a head-to-head trial can.
+RO = trial("inductor:mode=reduce-overhead+bf16", 1.80, (1.79, 1.81), 2.75, (2.66, 2.86), 13.4,
+           precision="bf16")  # fmt: skip
+MA = trial("inductor:mode=max-autotune-no-cudagraphs+bf16", 3.48, (3.46, 3.50), 2.71,
+           (2.65, 2.86), 262.0, precision="bf16")  # fmt: skip
+DEF = trial("inductor+bf16", 4.25, (4.2, 4.3), 2.05, (1.86, 2.10), 14.5, precision="bf16")
+
+
+def h2h(challenger, leader, speedup, ci):
+    """A trial of ``challenger`` with ``leader`` as its baseline: speedup = leader / challenger."""
+    t = trial(challenger["variant"], 1.0, (1.0, 1.0), speedup, ci, 99.0)
+    t["baseline"] = leader["variant"]
+    return t
+
+
+def test_finalists_are_the_leader_the_next_by_speedup_and_the_fastest_by_time():
+    slow_but_high = trial("a", 6.0, (5.9, 6.1), 3.0, (2.9, 3.1), 10)  # a lucky eager pairing
+    # (fp32: allowed whatever --allow-precision says)
+    fin = finalists([EAGER, slow_but_high, RO, MA, DEF], EAGER, {"bf16"})
+    assert [f["variant"] for f in fin] == ["a", RO["variant"]]  # next by speedup = fastest
+    fin = finalists([EAGER, RO, MA, DEF], EAGER, {"bf16"})
+    assert [f["variant"] for f in fin] == [RO["variant"], MA["variant"]]
+    # Numerics-changing variants not allowed, failures and eager itself never reach the final.
+    assert finalists([EAGER, RO, MA, DEF], EAGER, set()) == []
+    wrong = trial("w", 0.5, (0.5, 0.5), 9.0, (8.9, 9.1), 1, passed=False, status="accuracy_fail")
+    assert wrong not in finalists([EAGER, wrong, RO, MA], EAGER, {"bf16"})
+
+
+def test_a_challenger_faster_head_to_head_takes_the_pick():
+    # MA leads on speedup by a lucky pairing; head to head, RO is 1.93x faster.
+    lucky_ma = dict(MA, speedup={"median": 2.9, "ci95": [2.85, 2.95], "significant": True})
+    sel = select([EAGER, lucky_ma, RO], baseline=EAGER, allow_precision={"bf16"},
+                 head_to_head={RO["variant"]: h2h(RO, lucky_ma, 1.93, (1.91, 1.95))})  # fmt: skip
+    assert sel.best["variant"] == RO["variant"]
+    assert "head to head" in sel.reason and "1.93x" in sel.reason
+    assert sel.head_to_head[RO["variant"]]["leader"] == MA["variant"]
+
+
+def test_no_difference_head_to_head_is_a_tie_won_by_the_cheaper_compile():
+    sel = select([EAGER, MA, RO], baseline=EAGER, allow_precision={"bf16"},
+                 head_to_head={MA["variant"]: h2h(MA, RO, 1.004, (0.99, 1.02))})  # fmt: skip
+    assert sel.best["variant"] == RO["variant"]  # 13.4 s first call against 262 s
+    assert set(sel.tied) == {RO["variant"], MA["variant"]}
+    assert "tie head to head" in sel.reason
+
+
+def test_a_leader_faster_head_to_head_keeps_the_pick_even_where_intervals_overlapped():
+    # Cross-trial intervals overlap (2.66-2.86 vs 2.65-2.86): without the head-to-head this
+    # would be a tie won by... RO anyway; make the slower one the cheaper to compile instead.
+    cheap_ma = dict(MA, first_call_s=5.0)
+    plain = select([EAGER, cheap_ma, RO], baseline=EAGER, allow_precision={"bf16"})
+    assert plain.best["variant"] == MA["variant"] and plain.tied  # the drift-fooled answer
+    sel = select([EAGER, cheap_ma, RO], baseline=EAGER, allow_precision={"bf16"},
+                 head_to_head={MA["variant"]: h2h(MA, RO, 0.52, (0.51, 0.53))})  # fmt: skip
+    assert sel.best["variant"] == RO["variant"] and not sel.tied
+    assert "faster head to head" in sel.reason
+
+
+def test_head_to_head_trials_against_another_leader_or_failed_are_ignored():
+    failed = dict(h2h(MA, RO, 2.0, (1.9, 2.1)), status="timeout")
+    other = h2h(MA, DEF, 2.0, (1.9, 2.1))
+    for h in (failed, other):
+        sel = select([EAGER, MA, RO], baseline=EAGER, allow_precision={"bf16"},
+                     head_to_head={MA["variant"]: h})  # fmt: skip
+        assert not sel.head_to_head  # fell back to the cross-trial rule
+        assert "head to head" not in sel.reason

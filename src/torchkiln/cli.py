@@ -221,8 +221,9 @@ class _TuneProgress:
 
     def trial_done(self, result, seconds_left) -> None:
         sp = (result.get("speedup") or {}).get("median")
-        extra = f" {sp:.2f}x" if sp else f" {result.get('reason') or ''}"
-        self.console.print(f"  {result['variant']}: {result['status']}{extra}")
+        over = result.get("baseline") or "eager"
+        extra = f" {sp:.2f}x over {over}" if sp else f" {result.get('reason') or ''}"
+        self.console.print(f"  {result['variant']}: {result['status']}{extra}", highlight=False)
 
     def skipped(self, spec, why) -> None:
         self.console.print(f"  [yellow]skipped[/yellow] {spec}: {why}")

@@ -67,7 +67,12 @@ def markdown(doc: dict[str, Any]) -> str:
     else:
         out += ["**No variant passed.**", ""]
     if sel.get("tied"):
-        out += [f"Tied (overlapping intervals): {', '.join(f'`{t}`' for t in sel['tied'])}", ""]
+        how = (
+            "no significant difference head to head"
+            if sel.get("head_to_head")
+            else ("overlapping intervals")
+        )
+        out += [f"Tied ({how}): {', '.join(f'`{t}`' for t in sel['tied'])}", ""]
     opp = sel.get("best_numerics_changing")
     if opp:
         allowed = ", ".join(doc.get("allow_precision") or []) or "none"
@@ -108,6 +113,21 @@ def markdown(doc: dict[str, Any]) -> str:
     skipped = (stages.get("search") or {}).get("skipped") or {}
     for spec, why in skipped.items():
         out.append(f"- Skipped `{spec}`: {_md(why)}")
+    # Speedups from separate trials drift apart when eager is host-bound and a variant is not;
+    # the head-to-head trials (challenger against leader in one process) do not.
+    for v, h in (sel.get("head_to_head") or {}).items():
+        lo, hi = h["ci95"]
+        if not h["significant"]:
+            verdict = "no significant difference"
+        else:
+            verdict = "faster" if h["speedup_over_leader"] > 1 else "slower"
+        out.append(
+            f"- Head to head, one process: `{v}` against `{h['leader']}`: "
+            f"{h['speedup_over_leader']:.2f}x [{lo:.2f}, {hi:.2f}], {verdict}"
+        )
+    h2h_stage = stages.get("head_to_head") or {}
+    for v, why in (h2h_stage.get("skipped") or {}).items():
+        out.append(f"- Head to head skipped for `{v}`: {_md(why)}")
     env_check = stages.get("environment") or {}
     for p in env_check.get("problems") or []:
         out.append(f"- Environment: {_md(p)}")

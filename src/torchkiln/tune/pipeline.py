@@ -21,7 +21,7 @@ from torchkiln.runner.trial import TrialSpec, base_result
 from torchkiln.runner.worker import write_json
 from torchkiln.tune import recommend
 from torchkiln.tune.search import Evidence, candidates, estimate_trial_s
-from torchkiln.tune.select import select
+from torchkiln.tune.select import finalists, select
 
 TUNE_SCHEMA = "torchkiln.tune/1"
 
@@ -169,6 +169,57 @@ def _model_facts(spec: TrialSpec) -> tuple[bool, bool]:
     return conv, True
 
 
+# Index of head-to-head trials in the run directory: apart from the search's (1, 2, ...).
+H2H_INDEX = 100
+
+
+def _head_to_head_stage(
+    results: list[dict[str, Any]],
+    eager: dict[str, Any],
+    allow_precision: set[str],
+    base: TrialSpec,
+    run_one: Any,
+    slots: list[int | None],
+    left: Any,
+    events: TuneEvents,
+    stages: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """Each challenger timed against the leader in one process (see select.finalists): the
+    comparison that drift between trials cannot fake. Correctness was checked in the search."""
+    final = finalists(results, eager, allow_precision)
+    stages["head_to_head"] = {"leader": None, "challengers": [], "skipped": {}}
+    if not final:
+        return []
+    leader, challengers = final[0], final[1:]
+    stage = stages["head_to_head"]
+    stage["leader"] = leader["variant"]
+    specs = []
+    for k, c in enumerate(challengers):
+        # Two compiles in one process, plus the trial's own overhead.
+        need = float(leader.get("process_wall_s") or 0) + float(c.get("process_wall_s") or 0)
+        if need > left():
+            why = f"would not fit the budget (estimated {need:.0f} s, {left():.0f} s left)"
+            stage["skipped"][c["variant"]] = why
+            events.skipped(f"{c['variant']} vs {leader['variant']}", why)
+            continue
+        stage["challengers"].append(c["variant"])
+        specs.append(
+            replace(
+                base,
+                variant=c["variant"],
+                baseline=leader["variant"],
+                index=H2H_INDEX + k,
+                check_accuracy=False,
+                count_kernels=False,
+            )
+        )
+    if not specs:
+        return []
+    names = ", ".join(s.variant for s in specs)
+    events.stage("head to head", f"{names} against {leader['variant']}", left())
+    return run_batch(run_one, specs, slots)
+
+
 def tune(
     workload: str = "simple",
     *,
@@ -284,8 +335,19 @@ def tune(
         for (_, cand), r in zip(batch, run_batch(run_one, specs, slots), strict=True):
             results.append(r)
             estimate.learn(cand, r)
+    h2h = []
+    if steps is None:
+        h2h = _head_to_head_stage(
+            results, eager, set(allow_precision), base, run_one, slots, left, events, stages
+        )
     events.stage("select", "", left())
-    selection = select(results, baseline=eager, allow_precision=set(allow_precision), steps=steps)
+    selection = select(
+        results,
+        baseline=eager,
+        allow_precision=set(allow_precision),
+        steps=steps,
+        head_to_head={t["variant"]: t for t in h2h},
+    )
     best = selection.best
     doc = {
         "schema": TUNE_SCHEMA,
@@ -310,6 +372,7 @@ def tune(
             "why": recommend.reasons(best, eager),
         },
         "trials": results,
+        "head_to_head_trials": h2h,
         "baseline_drift": baseline_drift(results),
     }
     write_json(out / "results.json", doc)
