@@ -134,6 +134,16 @@ def finalists(
     return [leader, *chosen[:FINALISTS]]
 
 
+def _settle_tie(sel: Selection, group: list[dict[str, Any]], why: str) -> None:
+    """Among variants no measurement could separate, the cheapest to compile wins."""
+    cheapest = min(group, key=lambda r: r["first_call_s"])
+    sel.best = cheapest
+    sel.tied = [r["variant"] for r in group]
+    sel.reason = (
+        f"{why}; the cheapest to compile ({cheapest['first_call_s']:.1f} s first call) wins"
+    )
+
+
 def _head_to_head(
     sel: Selection, leader: dict[str, Any], ranked: list[dict[str, Any]], h2h: dict[str, dict]
 ) -> bool:
@@ -169,15 +179,9 @@ def _head_to_head(
         return True
     tied = [by_name[v] for v, t in done.items() if not t["speedup"]["significant"]]
     if tied:
-        group = [leader, *tied]
-        cheapest = min(group, key=lambda r: r["first_call_s"])
-        sel.best = cheapest
-        sel.tied = [r["variant"] for r in group]
-        sel.reason = (
-            f"tie head to head: {', '.join(r['variant'] for r in tied)} no significant "
-            f"difference from {leader['variant']} in one process; the cheapest to compile "
-            f"({cheapest['first_call_s']:.1f} s first call) wins"
-        )
+        names = ", ".join(r["variant"] for r in tied)
+        why = f"tie head to head: {names} no significant difference from {leader['variant']}"
+        _settle_tie(sel, [leader, *tied], why + " in one process")
         return True
     sel.best = leader
     sel.reason = (
@@ -232,12 +236,7 @@ def select(
             f", with an interval clear of the runner-up ({runner})" if runner else ""
         )
         return sel
-    group = [top, *tied]
-    cheapest = min(group, key=lambda r: r["first_call_s"])
-    sel.best = cheapest
-    sel.tied = [r["variant"] for r in group]
-    sel.reason = (
-        f"tie: {len(group)} variants have overlapping speedup intervals; the cheapest to "
-        f"compile ({cheapest['first_call_s']:.1f} s first call) wins"
+    _settle_tie(
+        sel, [top, *tied], f"tie: {len(tied) + 1} variants have overlapping speedup intervals"
     )
     return sel
