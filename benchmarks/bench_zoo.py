@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -164,6 +165,10 @@ def plain_check(out: Path, docs: dict, args) -> list[dict]:
 
 def aa_check(out: Path, args) -> dict:
     spec = "eager+bf16"
+    run_dir = Path(args.runs_dir) / "aa-resnet50-infer-bf16"
+    # Always measured afresh: a run directory keeps finished trials, and a check of the
+    # instrument must not be read back from an earlier lease.
+    shutil.rmtree(run_dir, ignore_errors=True)
     doc = bench(
         "resnet50",
         [spec],
@@ -171,7 +176,7 @@ def aa_check(out: Path, args) -> dict:
         device=args.device,
         preset=args.preset,
         baseline=spec,
-        out=Path(args.runs_dir) / "aa-resnet50-infer-bf16",
+        out=run_dir,
         events=Log(),
         timeout_s=args.timeout,
         # 80 reps gave 0.995 [0.980, 1.010] on the H200 (session 2): +-1.5% wide but 0.01% past
