@@ -5,6 +5,10 @@ judged on) and bench_dist.py's scaling rows with both one-process references."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -114,3 +118,22 @@ def test_dist_scaling_rows_carry_both_one_process_references():
     failed = rows["eager+bf16"]
     assert failed["status"] == "timeout" and failed["scaling_efficiency"] is None
     assert failed["scaling_efficiency_own_process"] is None
+
+
+def test_aa_probe_times_one_instance_against_itself_and_fresh_pairs_on_the_cpu():
+    """The A/A probe on the CPU's tiny preset: the same code path the H200 run takes."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/aa_probe.py"), "--workload", "simple",
+         "--preset", "tiny", "--device", "cpu", "--variant", "eager", "--reps", "6",
+         "--rounds", "2"],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(doc["rounds"]) == 2
+    for part in [doc["same"], *doc["rounds"]]:
+        assert len(part["a_ms"]) == len(part["b_ms"]) == 6
+        lo, hi = part["ci95"]
+        assert 0 < lo <= part["speedup"] <= hi
+    assert doc["environment"]["kiln_version"]
