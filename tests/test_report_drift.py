@@ -79,3 +79,16 @@ def test_the_tune_report_carries_the_warning():
     assert "- Warning: the baseline's median moved by 20%" in markdown(doc)
     doc["baseline_drift"] = None
     assert "Warning" not in markdown(doc)
+
+
+def test_the_tune_report_lists_each_trial_note_once_with_its_variants():
+    doc = synthetic_tune_doc()
+    busy = "host busy during the timed reps: load average 17.5 on 32 usable CPUs"
+    doc["trials"][0]["notes"] = [busy]
+    doc["trials"][1]["notes"] = [busy, "recompiled during the timed reps"]
+    doc["head_to_head_trials"] = [dict(doc["trials"][1], notes=["correctness check skipped"])]
+    text = markdown(doc)
+    assert text.count(busy) == 1
+    assert f"- Note (`eager`, `inductor`): {busy}" in text
+    assert "- Note (`inductor`): recompiled during the timed reps" in text
+    assert "- Note (`inductor`): correctness check skipped" in text

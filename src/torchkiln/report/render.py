@@ -134,6 +134,15 @@ def markdown(doc: dict[str, Any]) -> str:
     drift = doc.get("baseline_drift") or {}
     if drift.get("warning"):
         out.append(f"- Warning: {_md(drift['warning'])}")
+    # Each trial's notes (a busy host, a recompile during the timed reps, ...), once per text.
+    noted: dict[str, list[str]] = {}
+    for r in [*doc["trials"], *(doc.get("head_to_head_trials") or [])]:
+        for note in r.get("notes") or []:
+            noted.setdefault(note, [])
+            if r["variant"] not in noted[note]:
+                noted[note].append(r["variant"])
+    for note, variants in noted.items():
+        out.append(f"- Note ({', '.join(f'`{v}`' for v in variants)}): {_md(note)}")
     return "\n".join(out) + "\n"
 
 
