@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from plain_loop import build  # noqa: E402
+from plain_loop import build, time_rep  # noqa: E402
 from torchkiln.measure.kernels import kernels_per_step  # noqa: E402
 from torchkiln.measure.timer import StepTimer  # noqa: E402
 from torchkiln.runner.executable import build_arm  # noqa: E402
@@ -37,13 +37,7 @@ def events_ms(fn, steps: int, reps: int, sync_each_rep: bool) -> list[float]:
     for _ in range(reps):
         if sync_each_rep:
             torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(steps):
-            fn()
-        end.record()
-        end.synchronize()
-        out.append(start.elapsed_time(end) / steps)
+        out.append(time_rep(fn, steps))  # the plain loop's own rep
     return out
 
 
