@@ -2,9 +2,9 @@
 first slower than the one built second in 3 of 3 rounds (0.4-1.2%, eager+bf16 resnet50
 inference, host-bound). This probe builds K instances one after the other, then times them
 round-robin (the order rotates every rep so no instance always goes first), once with Python's
-garbage collector on and once with it off, and reports each instance's paired ratio against
-instance 0 (> 1: faster than the first-built). Build order explains the bias if the ratio grows
-with the index in both passes; the collector if the bias shrinks with it off.
+garbage collector on and once with it off, and reports each instance's paired time ratio to
+instance 0 (below 1: faster than the first-built). Build order explains the bias if the ratio
+falls with the index in both passes; the collector if the bias shrinks with it off.
 
     PYTHONPATH=src python3 benchmarks/aa_order_probe.py [--instances 4] [--reps 40]
 """
@@ -22,27 +22,18 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from torchkiln.measure.environment import collect as collect_environment  # noqa: E402
 from torchkiln.measure.stats import paired_speedup  # noqa: E402
-from torchkiln.measure.timer import StepTimer, calibrate_steps  # noqa: E402
+from torchkiln.measure.timer import StepTimer, calibrate_steps, time_round_robin  # noqa: E402
 from torchkiln.runner.executable import build_arm  # noqa: E402
 from torchkiln.runner.trial import TrialSpec  # noqa: E402
 from torchkiln.variants import parse_variant  # noqa: E402
 
 
-def round_robin(timer: StepTimer, steps_fns: list, reps: int, steps: int) -> list[list[float]]:
-    k = len(steps_fns)
-    ms: list[list[float]] = [[] for _ in range(k)]
-    for r in range(reps):
-        for j in range(k):
-            i = (r + j) % k
-            ms[i].append(timer.time(steps_fns[i], steps))
-    return ms
-
-
 def ratios(ms: list[list[float]]) -> list[dict]:
     out = []
     for i in range(1, len(ms)):
-        s = paired_speedup(ms[i], ms[0])  # baseline = instance i: > 1 means instance 0 slower
-        out.append({"instance": i, "first_over_this": s.median, "ci95": list(s.ci95)})
+        # ms_i / ms_0 per rep: below 1, instance i (built later) ran faster than the first-built.
+        s = paired_speedup(ms[i], ms[0])
+        out.append({"instance": i, "this_ms_over_first_ms": s.median, "ci95": list(s.ci95)})
     return out
 
 
@@ -80,13 +71,13 @@ def main() -> int:
         if name == "gc_off":
             gc.collect()
             gc.disable()
-        ms = round_robin(timer, fns, args.reps, steps)
+        ms = time_round_robin(timer, fns, args.reps, steps)
         gc.enable()
         passes[name] = {"ratios": ratios(ms), "ms": ms}
     out["passes"] = passes
     brief = {
-        n: [[round(r["first_over_this"], 4), [round(x, 4) for x in r["ci95"]]] for r in v["ratios"]]
-        for n, v in passes.items()
+        n: [[round(r["this_ms_over_first_ms"], 4), [round(x, 4) for x in r["ci95"]]] for r in rs]
+        for n, rs in ((n, v["ratios"]) for n, v in passes.items())
     }
     print(json.dumps(brief), file=sys.stderr)
     print(json.dumps(out))

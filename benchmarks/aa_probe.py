@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from torchkiln.measure.environment import collect as collect_environment  # noqa: E402
 from torchkiln.measure.stats import paired_speedup  # noqa: E402
-from torchkiln.measure.timer import StepTimer, calibrate_steps  # noqa: E402
+from torchkiln.measure.timer import StepTimer, calibrate_steps, time_round_robin  # noqa: E402
 from torchkiln.runner.executable import build_arm  # noqa: E402
 from torchkiln.runner.trial import TrialSpec  # noqa: E402
 from torchkiln.variants import parse_variant  # noqa: E402
@@ -35,14 +35,7 @@ from torchkiln.variants import parse_variant  # noqa: E402
 def interleaved(timer: StepTimer, a, b, reps: int, steps: int) -> dict:
     """a against b, alternating which goes first, as measure_trial does; speedup = b / a
     (b is the baseline slot), so a slower ``a`` reads below 1."""
-    a_ms, b_ms = [], []
-    for i in range(reps):
-        if i % 2 == 0:
-            a_ms.append(timer.time(a, steps))
-            b_ms.append(timer.time(b, steps))
-        else:
-            b_ms.append(timer.time(b, steps))
-            a_ms.append(timer.time(a, steps))
+    a_ms, b_ms = time_round_robin(timer, [a, b], reps, steps)
     s = paired_speedup(b_ms, a_ms)
     return {"speedup": s.median, "ci95": list(s.ci95), "a_ms": a_ms, "b_ms": b_ms}
 

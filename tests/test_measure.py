@@ -13,7 +13,7 @@ from torchkiln.measure import correctness as corr
 from torchkiln.measure import host_load
 from torchkiln.measure.memory import MemoryTracker
 from torchkiln.measure.stats import paired_speedup, summarize, unpaired_speedup
-from torchkiln.measure.timer import StepTimer, calibrate_steps
+from torchkiln.measure.timer import StepTimer, calibrate_steps, time_round_robin
 
 
 def test_timer_measures_a_known_sleep_within_10_percent():
@@ -218,3 +218,18 @@ def test_a_host_load_snapshot_reads_this_machine():
     assert snap is not None  # Linux has load averages
     assert len(snap["loadavg"]) == 3 and all(x >= 0 for x in snap["loadavg"])
     assert snap["cpus"] == host_load.usable_cpus() >= 1
+
+
+def test_round_robin_rotates_the_order_every_rep_and_pairs_samples_by_rep():
+    calls = []
+
+    class CountingTimer:
+        def time(self, fn, steps):
+            calls.append(fn())
+            return float(len(calls))
+
+    fns = [lambda: "a", lambda: "b", lambda: "c"]
+    samples = time_round_robin(CountingTimer(), fns, reps=3, steps=2)
+    assert calls == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    # Sample k of each arm comes from rep k.
+    assert samples == [[1.0, 6.0, 8.0], [2.0, 4.0, 9.0], [3.0, 5.0, 7.0]]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from torchkiln.api import bench, run_trials
-from torchkiln.runner.trial import TrialSpec
+from torchkiln.runner.trial import TrialSpec, base_result
 
 FIX = Path(__file__).parent / "fixtures"
 WL = FIX / "workloads.py"
@@ -104,3 +104,52 @@ def test_resume_skips_finished_trials(tmp_path):
     assert [t["status"] for t in second["trials"]] == ["ok", "ok"]
     manifest = json.loads((out / "manifest.json").read_text())
     assert [t["status"] for t in manifest["trials"]] == ["ok", "ok"]
+
+
+def test_an_eager_baseline_is_two_instances_built_around_the_variant(monkeypatch):
+    """Build order moves host-bound eager steps by ~1% (measure_trial.baseline_instances), so an
+    eager baseline is built once before the variant and once after, and its per-rep time is the
+    two instances' mean. Checked in-process, recording every build."""
+    import torchkiln.runner.measure_trial as mt
+    from torchkiln.runner.worker import Phases
+
+    built = []
+    real_build = mt.build_arm
+
+    def recording_build(spec, variant, **kw):
+        built.append(variant.spec)
+        return real_build(spec, variant, **kw)
+
+    monkeypatch.setattr(mt, "build_arm", recording_build)
+    spec = TrialSpec(
+        workload=f"{WL}:tiny_mlp",
+        variant="eager+bf16",
+        device="cpu",
+        check_accuracy=False,
+        count_kernels=False,
+        **{**FAST, "reps": 4},
+    )
+    result = base_result(spec)
+    mt.measure_trial(spec, result, Phases(None))
+    assert result["status"] == "ok"
+    assert built[:3] == ["eager", "eager+bf16", "eager"]
+    inst = result["baseline_instances"]
+    assert inst["built"] == ["before the variant", "after the variant"]
+    before, after = inst["samples_ms"]
+    assert len(before) == len(after) == 4
+    # The baseline of each rep is the mean of the two instances' times in that rep.
+    expected = [(b + a) / 2 for b, a in zip(before, after, strict=True)]
+    assert result["baseline_ms"]["samples"] == pytest.approx(expected, rel=1e-12)
+    ratios = [b / a for b, a in zip(before, after, strict=True)]
+    assert inst["after_over_before"]["ratios"] == pytest.approx(ratios, rel=1e-12)
+
+
+def test_only_an_eager_baseline_is_bracketed():
+    from torchkiln.runner.measure_trial import bracketed
+    from torchkiln.variants import parse_variant
+
+    spec = TrialSpec(workload="simple", variant="inductor")
+    assert bracketed(spec, parse_variant("eager+bf16"))
+    assert not bracketed(spec, parse_variant("inductor:mode=reduce-overhead"))
+    spec.bracket = False
+    assert not bracketed(spec, parse_variant("eager"))

@@ -1,5 +1,6 @@
-"""Memory the process really holds: CUDA peaks (allocated and reserved: reserved includes the
-private pools of CUDA graphs), and on the CPU the peak resident set sampled by a thread."""
+"""Memory a region of code adds: CUDA peaks (allocated and reserved: reserved includes the
+private pools of CUDA graphs) above what was held on entry, and on the CPU the peak resident
+set sampled by a thread."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ class MemoryReport:
     peak_reserved_bytes: int | None = None
     peak_rss_bytes: int | None = None
     rss_start_bytes: int | None = None
+    allocated_at_entry_bytes: int | None = None
+    reserved_at_entry_bytes: int | None = None
 
     @property
     def peak_rss_delta_bytes(self) -> int | None:
@@ -36,13 +39,19 @@ class MemoryReport:
             "peak_reserved_bytes": self.peak_reserved_bytes,
             "peak_rss_bytes": self.peak_rss_bytes,
             "peak_rss_delta_bytes": self.peak_rss_delta_bytes,
+            "allocated_at_entry_bytes": self.allocated_at_entry_bytes,
+            "reserved_at_entry_bytes": self.reserved_at_entry_bytes,
         }
 
 
 class MemoryTracker:
     """Context manager measuring peak memory over a region.
 
-    CUDA: the caching allocator's peak allocated and reserved bytes since entry. Every device:
+    CUDA: the caching allocator's peak allocated and reserved bytes since entry, less what was
+    allocated and reserved on entry (a trial's first baseline instance is already on the device
+    when the variant is built; its weights are not the variant's memory). Cached free blocks are
+    released on entry so that the reserved figure counts segments the region really added. Every
+    device:
     the peak resident set of the process, sampled every ``interval_s`` by a background thread
     (the kernel's ru_maxrss is monotonic over the process's life, so it cannot give a region's
     peak)."""
@@ -65,7 +74,10 @@ class MemoryTracker:
             import torch
 
             torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(self.device)
+            self.report.allocated_at_entry_bytes = int(torch.cuda.memory_allocated(self.device))
+            self.report.reserved_at_entry_bytes = int(torch.cuda.memory_reserved(self.device))
         self.report.rss_start_bytes = _rss_bytes()
         self._peak = self.report.rss_start_bytes
         self._thread = threading.Thread(target=self._sample, daemon=True)
@@ -77,8 +89,10 @@ class MemoryTracker:
             import torch
 
             torch.cuda.synchronize(self.device)
-            self.report.peak_allocated_bytes = int(torch.cuda.max_memory_allocated(self.device))
-            self.report.peak_reserved_bytes = int(torch.cuda.max_memory_reserved(self.device))
+            allocated = torch.cuda.max_memory_allocated(self.device)
+            reserved = torch.cuda.max_memory_reserved(self.device)
+            self.report.peak_allocated_bytes = int(allocated) - self.report.allocated_at_entry_bytes
+            self.report.peak_reserved_bytes = int(reserved) - self.report.reserved_at_entry_bytes
         self._stop.set()
         if self._thread is not None:
             self._thread.join()

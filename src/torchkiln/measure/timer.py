@@ -4,7 +4,7 @@ host clock (synchronising first where a device is involved)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -60,3 +60,18 @@ def calibrate_steps(
     if one <= 0:
         return max_steps
     return int(max(1, min(max_steps, round(target_ms / one))))
+
+
+def time_round_robin(
+    timer: StepTimer, fns: Sequence[Callable[[], Any]], reps: int, steps: int
+) -> list[list[float]]:
+    """``reps`` timed reps of each fn (ms per step), the order rotating every rep (A B, B A for
+    two; A B C, B C A, C A B for three) so that drift, and whatever one arm leaves behind for
+    the next, fall on every arm alike. Returns one list of samples per fn, paired by rep."""
+    k = len(fns)
+    samples: list[list[float]] = [[] for _ in range(k)]
+    for r in range(reps):
+        for j in range(k):
+            i = (r + j) % k
+            samples[i].append(timer.time(fns[i], steps))
+    return samples

@@ -1,6 +1,7 @@
 """One trial, in order: the variant alone (first call, warm-up, memory), then the baseline, then
 interleaved paired reps, kernel counts, FLOPs, and the correctness check last (so its extra
-builds cannot warm the caches that the first call is timed against).
+builds cannot warm the caches that the first call is timed against). An eager baseline is two
+instances, built before and after the variant (`baseline_instances`).
 `xla` trials, which cannot share a process's PyTorch with their baseline, take the order of
 `measure_apart` instead (baseline and references first)."""
 
@@ -16,7 +17,7 @@ from torchkiln.measure.flops import count_flops, peak_tflops
 from torchkiln.measure.kernels import kernels_per_step
 from torchkiln.measure.memory import MemoryTracker
 from torchkiln.measure.stats import paired_speedup, summarize
-from torchkiln.measure.timer import StepTimer, calibrate_steps
+from torchkiln.measure.timer import StepTimer, calibrate_steps, time_round_robin
 from torchkiln.runner.executable import Arm, build_arm
 from torchkiln.runner.settings import active_dropout
 from torchkiln.runner.trial import TrialSpec
@@ -184,6 +185,44 @@ def variant_alone(
     return arm, first_outputs
 
 
+def bracketed(spec: TrialSpec, baseline: Variant) -> bool:
+    """Whether the baseline is timed as two instances around the variant. Only an eager
+    baseline: it builds in a second, where a compiled one (tune's head-to-head, against the
+    leader) would compile twice."""
+    return spec.bracket and baseline.name == "eager"
+
+
+def mean_per_rep(samples: list[list[float]]) -> list[float]:
+    return [sum(rep) / len(rep) for rep in zip(*samples, strict=True)]
+
+
+# Build order moves a host-bound eager step: on an H200 (session 4, eager+bf16 resnet50
+# inference, `benchmarks/aa_order_probe.py`) each instance built later in a process ran
+# 0.3-1.3% faster than the one before, the first-built slowest, in 12 of 16 adjacent pairs;
+# a variant against itself built first read 0.987 [0.976, 0.995]. One baseline instance built
+# before the variant and one after bracket it; their mean is the baseline of every rep.
+INSTANCE_NOTE_BAND = 0.01
+
+
+def baseline_instances(before_ms: list[float], after_ms: list[float], notes: list[str]) -> dict:
+    """The two baseline instances' medians and their paired speed ratio (the one built after
+    over the one built before: above 1, the first-built was slower); a note when they differ
+    significantly by more than 1%."""
+    ratio = paired_speedup(before_ms, after_ms)
+    if ratio.significant and abs(ratio.median - 1.0) > INSTANCE_NOTE_BAND:
+        notes.append(
+            f"the baseline's two instances (built before and after the variant) differ by "
+            f"{abs(ratio.median - 1) * 100:.1f}%: speedups closer to 1 than that are within "
+            "what a rebuild of the same model moves"
+        )
+    return {
+        "built": ["before the variant", "after the variant"],
+        "median_ms": [summarize(before_ms).median, summarize(after_ms).median],
+        "samples_ms": [list(before_ms), list(after_ms)],
+        "after_over_before": ratio.to_dict(),
+    }
+
+
 def measure_trial(spec: TrialSpec, result: dict[str, Any], phases) -> None:
     import torch
 
@@ -213,35 +252,37 @@ def measure_trial(spec: TrialSpec, result: dict[str, Any], phases) -> None:
         measure_baseline_first(spec, variant, baseline, result, phases)
         return
 
-    # 1. The variant alone: first call (compilation included), warm-up, memory.
+    # 1. The variant alone: first call (compilation included), warm-up, memory. A bracketed
+    # baseline's first instance is built before it (not yet run).
+    early = build_arm(spec, baseline) if bracketed(spec, baseline) else None
     arm, first_outputs = variant_alone(spec, variant, timer, result, phases)
     dropout = spec.step == "train" and active_dropout(arm.model)
     result["dynamo"] = dynamo_counters()
 
     # 2. The baseline, warmed the same way.
     phases("baseline")
-    base = build_arm(spec, baseline)
-    result["baseline_first_call_s"], _ = timer.time_once_s(base.step)
-    warm_up(base, timer, spec)
+    bases = [early] if early is not None else []
+    bases.append(build_arm(spec, baseline))
+    for i, base in enumerate(bases):
+        first_s, _ = timer.time_once_s(base.step)
+        if i == 0:
+            result["baseline_first_call_s"] = first_s
+        warm_up(base, timer, spec)
 
-    # 3. Paired reps, alternating the order (A B, B A, ...) so drift hits both arms alike.
+    # 3. Paired reps, the order rotating (A B, B A, ...) so drift hits every arm alike.
     phases("measure")
     before_reps = dynamo_counters()  # after the baseline's own warm-up (it may compile too)
     load_before = host_load.snapshot()
     steps = calibrate_steps(timer, arm.step, spec.rep_ms)
-    var_ms, base_ms = [], []
-    for i in range(spec.reps):
-        if i % 2 == 0:
-            var_ms.append(timer.time(arm.step, steps))
-            base_ms.append(timer.time(base.step, steps))
-        else:
-            base_ms.append(timer.time(base.step, steps))
-            var_ms.append(timer.time(arm.step, steps))
+    samples = time_round_robin(timer, [arm.step] + [b.step for b in bases], spec.reps, steps)
+    var_ms, base_ms = samples[0], mean_per_rep(samples[1:])
     result["steps_per_rep"] = steps
     result["reps"] = spec.reps
     result["steady_ms"] = summarize(var_ms).to_dict()
     result["baseline_ms"] = summarize(base_ms).to_dict()
     result["speedup"] = paired_speedup(base_ms, var_ms).to_dict()
+    if len(bases) > 1:
+        result["baseline_instances"] = baseline_instances(samples[1], samples[2], result["notes"])
     host_load.record(result, load_before, spec.device)
     result["dynamo_after_measure"] = dynamo_counters()
     if result["dynamo_after_measure"]["recompiles"] > before_reps["recompiles"]:
@@ -251,10 +292,10 @@ def measure_trial(spec: TrialSpec, result: dict[str, Any], phases) -> None:
     if spec.count_kernels:
         phases("kernels")
         result["kernels_per_step"] = kernels_per_step(arm.step, 3, spec.device)
-        result["baseline_kernels_per_step"] = kernels_per_step(base.step, 3, spec.device)
+        result["baseline_kernels_per_step"] = kernels_per_step(bases[0].step, 3, spec.device)
         if result["kernels_per_step"] is None:
             result["notes"].append("kernels per step are counted on CUDA devices only")
-    del base, arm
+    del bases, early, arm
     if spec.device.startswith("cuda"):
         torch.cuda.empty_cache()
 

@@ -41,6 +41,9 @@ class TrialSpec:
     check_accuracy: bool = True
     count_kernels: bool = True
     cudnn_benchmark: bool = False
+    # Time two eager baseline instances, one built before the variant and one after, against
+    # it (see measure_trial.baseline_instances): build order alone moves host-bound eager ~1%.
+    bracket: bool = True
     index: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
