@@ -192,6 +192,11 @@ def aa_check(out: Path, args) -> dict:
         "contains_1": lo <= 1.0 <= hi,
         "within_2pct": lo >= 0.98 and hi <= 1.02,
         "steady_ms": trial["steady_ms"]["median"],
+        # The bracketed baseline's two instances against each other: the build-order effect.
+        "baseline_after_over_before": {
+            k: (trial.get("baseline_instances") or {}).get("after_over_before", {}).get(k)
+            for k in ("median", "ci95")
+        },
         "environment": doc["environment"],
     }
     (out / "aa_check.json").write_text(json.dumps(verdict, indent=2))
