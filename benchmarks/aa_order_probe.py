@@ -7,6 +7,13 @@ instance 0 (below 1: faster than the first-built). Build order explains the bias
 falls with the index in both passes; the collector if the bias shrinks with it off.
 
     PYTHONPATH=src python3 benchmarks/aa_order_probe.py [--instances 4] [--reps 40]
+        [--place reverse]
+
+``--place reverse`` separates the two things build order sets: every model is constructed on
+the host first (in index order: where its Python and C++ objects land), then moved to the
+device in reverse order (where its weights land), and timed with a plain eager inference step
+(no_grad and the variant's autocast, as kiln's). If instance 0 is still the slowest, host
+placement is the cause; if the order flips, device placement is.
 """
 
 from __future__ import annotations
@@ -24,8 +31,10 @@ from torchkiln.measure.environment import collect as collect_environment  # noqa
 from torchkiln.measure.stats import paired_speedup  # noqa: E402
 from torchkiln.measure.timer import StepTimer, calibrate_steps, time_round_robin  # noqa: E402
 from torchkiln.runner.executable import build_arm  # noqa: E402
+from torchkiln.runner.settings import autocast, call_model, seed_everything  # noqa: E402
 from torchkiln.runner.trial import TrialSpec  # noqa: E402
 from torchkiln.variants import parse_variant  # noqa: E402
+from torchkiln.workloads import load_workload  # noqa: E402
 
 
 def ratios(ms: list[list[float]]) -> list[dict]:
@@ -37,6 +46,35 @@ def ratios(ms: list[list[float]]) -> list[dict]:
     return out
 
 
+def built_in_order(spec: TrialSpec, variant, k: int) -> list:
+    """kiln's own arms, each built (constructed and placed) after the one before."""
+    return [build_arm(spec, variant).step for _ in range(k)]
+
+
+def placed_in_reverse(spec: TrialSpec, variant, k: int) -> list:
+    """Constructed on the host in index order, moved to the device in reverse order."""
+    import torch
+
+    if spec.step != "infer" or variant.name != "eager":
+        raise SystemExit("--place reverse times eager inference only")
+    workloads = []
+    for _ in range(k):
+        seed_everything(spec.seed)
+        workloads.append(load_workload(spec.workload, preset=spec.preset, step=spec.step))
+    for w in reversed(workloads):
+        w.model.to(spec.device).eval()
+    fns = []
+    for w in workloads:
+        inputs = tuple(t.to(spec.device) for t in w.example_inputs)
+
+        def step(m=w.model, x=inputs):
+            with torch.no_grad(), autocast(spec.device, variant.precision):
+                return call_model(m, x)
+
+        fns.append(step)
+    return fns
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--workload", default="resnet50")
@@ -46,6 +84,7 @@ def main() -> int:
     p.add_argument("--preset", default="full")
     p.add_argument("--instances", type=int, default=4)
     p.add_argument("--reps", type=int, default=40)
+    p.add_argument("--place", choices=("with-build", "reverse"), default="with-build")
     args = p.parse_args()
     spec = TrialSpec(
         workload=args.workload,
@@ -56,14 +95,15 @@ def main() -> int:
     )
     variant = parse_variant(args.variant)
     timer = StepTimer(args.device)
-    arms = []
-    for _ in range(args.instances):
-        arm = build_arm(spec, variant)
+    fns = (
+        built_in_order(spec, variant, args.instances)
+        if args.place == "with-build"
+        else (placed_in_reverse(spec, variant, args.instances))
+    )
+    for fn in fns:
         for _ in range(20):
-            arm.step()
-        arms.append(arm)
-    steps = calibrate_steps(timer, arms[0].step, spec.rep_ms)
-    fns = [a.step for a in arms]
+            fn()
+    steps = calibrate_steps(timer, fns[0], spec.rep_ms)
     out: dict = {"config": vars(args), "environment": collect_environment(args.device)}
     out["steps_per_rep"] = steps
     passes = {}

@@ -137,3 +137,25 @@ def test_aa_probe_times_one_instance_against_itself_and_fresh_pairs_on_the_cpu()
         lo, hi = part["ci95"]
         assert 0 < lo <= part["speedup"] <= hi
     assert doc["environment"]["kiln_version"]
+
+
+@pytest.mark.parametrize("place", ["with-build", "reverse"])
+def test_aa_order_probe_times_every_instance_against_the_first_on_the_cpu(place):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/aa_order_probe.py"), "--workload", "simple",
+         "--preset", "tiny", "--device", "cpu", "--variant", "eager", "--instances", "3",
+         "--reps", "4", "--place", place],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name in ("gc_on", "gc_off"):
+        part = doc["passes"][name]
+        assert [len(ms) for ms in part["ms"]] == [4, 4, 4]
+        assert [r["instance"] for r in part["ratios"]] == [1, 2]
+        for r, ms in zip(part["ratios"], part["ms"][1:], strict=True):
+            lo, hi = r["ci95"]
+            assert 0 < lo <= r["this_ms_over_first_ms"] <= hi
+            ratios = sorted(a / b for a, b in zip(ms, part["ms"][0], strict=True))
+            assert r["this_ms_over_first_ms"] == pytest.approx((ratios[1] + ratios[2]) / 2)

@@ -32,6 +32,12 @@ def test_abort_hang_and_raise_are_reported_while_the_others_finish(tmp_path):
     assert "SIGABRT" in by_wl["aborts"]["reason"]
     assert by_wl["hangs"]["status"] == "timeout"
     assert "no result after 25 s" in by_wl["hangs"]["reason"]
+    # The hang printed two autotune rounds first: the reason says what the time went on.
+    assert (
+        "benchmarked 2 sets of kernel choices for 43 s (the longest 30 s)"
+        in (by_wl["hangs"]["reason"])
+    )
+    assert by_wl["hangs"]["autotune"] == {"rounds": 2, "benchmark_s": 42.75, "longest_s": 30.25}
     assert by_wl["raises"]["status"] == "runtime_error"
     assert "planted failure in forward" in by_wl["raises"]["reason"]
     assert by_wl["tiny_mlp"]["status"] == "ok"

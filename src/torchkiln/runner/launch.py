@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from torchkiln.runner.autotune_log import autotune_rounds, describe
 from torchkiln.runner.trial import TrialSpec, base_result
 
 STDERR_TAIL_CHARS = 4000
@@ -132,8 +133,12 @@ def run_trial(
     stderr = tail(trial_dir / "trial-stderr.txt")
     if fresh_cache is not None:
         shutil.rmtree(fresh_cache, ignore_errors=True)
+    rounds = autotune_rounds(trial_dir / "trial-stderr.txt")
     if timed_out:
-        result = _failure(spec, "timeout", f"no result after {timeout_s:.0f} s (during {phase})")
+        why = f"no result after {timeout_s:.0f} s (during {phase})"
+        if rounds:
+            why += f"; by then {describe(rounds)}"
+        result = _failure(spec, "timeout", why)
     elif result is None:
         if code is not None and code < 0:
             why = f"killed by {signal.Signals(-code).name} during {phase}"
@@ -142,6 +147,8 @@ def run_trial(
         else:
             why = f"exited with code {code} during {phase} without writing a result"
         result = _failure(spec, "crashed", why)
+    if rounds:
+        result["autotune"] = rounds
     result["phase"] = result.get("phase") or phase
     result["compile_cache"] = cache_dir or "fresh per trial"
     if gpu is not None:

@@ -196,11 +196,12 @@ def mean_per_rep(samples: list[list[float]]) -> list[float]:
     return [sum(rep) / len(rep) for rep in zip(*samples, strict=True)]
 
 
-# Build order moves a host-bound eager step: on an H200 (session 4, eager+bf16 resnet50
-# inference, `benchmarks/aa_order_probe.py`) each instance built later in a process ran
-# 0.3-1.3% faster than the one before, the first-built slowest, in 12 of 16 adjacent pairs;
-# a variant against itself built first read 0.987 [0.976, 0.995]. One baseline instance built
-# before the variant and one after bracket it; their mean is the baseline of every rep.
+# Build order moves a host-bound eager step: on an H200 (session 4, eager+bf16 resnet50 and
+# bert-base inference, `benchmarks/aa_order_probe.py`) an instance built later in a process
+# ran faster than the one before in 12 of 16 adjacent pairs (by 0.2-2.8%, median 0.6%), and a
+# variant against itself, built first, read 0.987 [0.976, 0.995]. One baseline instance built
+# before the variant and one after bracket it; their mean is the baseline of every rep. Three
+# bracketed A/A runs read 1.004, 1.014 and 0.999: less biased, not unbiased (README, session 4).
 INSTANCE_NOTE_BAND = 0.01
 
 
