@@ -159,3 +159,23 @@ def test_aa_order_probe_times_every_instance_against_the_first_on_the_cpu(place)
             assert 0 < lo <= r["this_ms_over_first_ms"] <= hi
             ratios = sorted(a / b for a, b in zip(ms, part["ms"][0], strict=True))
             assert r["this_ms_over_first_ms"] == pytest.approx((ratios[1] + ratios[2]) / 2)
+
+
+def test_bench_zoo_aa_check_on_the_cpu_writes_its_verdict(tmp_path):
+    """The A/A the GPU plans run, on the CPU's tiny preset, with a chosen variant: its verdict
+    file is named for the variant and carries the bracketed baseline's instance ratio."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/bench_zoo.py"), "--out", str(tmp_path),
+         "--device", "cpu", "--preset", "tiny", "--checks-only", "--aa", "--aa-spec", "eager",
+         "--timeout", "300"],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    verdict = json.loads((tmp_path / "aa-resnet50-infer-eager.json").read_text())
+    lo, hi = verdict["ci95"]
+    assert lo <= verdict["speedup"] <= hi
+    assert verdict["contains_1"] == (lo <= 1.0 <= hi)
+    inst = verdict["baseline_after_over_before"]
+    assert inst["median"] > 0 and len(inst["ci95"]) == 2
+    assert not (tmp_path / "aa_check.json").exists()
