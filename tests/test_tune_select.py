@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from torchkiln.tune.api import parse_budget
-from torchkiln.tune.search import Evidence, candidates
+from torchkiln.tune.pipeline import refine
+from torchkiln.tune.search import Candidate, Evidence, candidates, refinements
 from torchkiln.tune.select import break_even_steps, finalists, select
 
 
@@ -230,3 +231,66 @@ def test_head_to_head_trials_against_another_leader_or_failed_are_ignored():
                      head_to_head={MA["variant"]: h})  # fmt: skip
         assert not sel.head_to_head  # fell back to the cross-trial rule
         assert "head to head" not in sel.reason
+
+
+def test_the_leader_is_refined_with_the_knobs_measured_only_apart():
+    """With bf16 allowed the plan has reduce-overhead+bf16 and reduce-overhead+channels_last but
+    not both; the leader gets each missing knob, and a refined leader gets the rest."""
+    ev = Evidence(device="cuda", step="train", convolutional=True, allow_precision={"bf16"})
+    ro_bf16 = "inductor:mode=reduce-overhead,dynamic=false+bf16"
+    specs = [c.spec for c in refinements(ro_bf16, ev)]
+    assert specs == [
+        "inductor:mode=reduce-overhead,dynamic=false+bf16+channels_last",
+        "inductor:mode=reduce-overhead,dynamic=false,scope=step+bf16",
+    ]
+    assert [c.spec for c in refinements(specs[0], ev)] == [
+        "inductor:mode=reduce-overhead,dynamic=false,scope=step+bf16+channels_last"
+    ]
+    # Inference, no convolutions: nothing to stack; max-autotune is never compiled per step.
+    assert refinements(ro_bf16, Evidence(device="cuda", step="infer")) == []
+    assert [c.spec for c in refinements("inductor:mode=max-autotune", ev)] == [
+        "inductor:mode=max-autotune+channels_last"
+    ]
+    assert refinements("cudagraphs", ev) == []
+
+
+def test_refine_queues_the_leaders_refinements_first_and_never_repeats_one():
+    ev = Evidence(device="cuda", step="train", convolutional=True, allow_precision={"bf16"})
+    lead = "inductor:mode=reduce-overhead,dynamic=false+bf16"
+    cl = "inductor:mode=reduce-overhead,dynamic=false+bf16+channels_last"
+    step = "inductor:mode=reduce-overhead,dynamic=false,scope=step+bf16"
+    results = [
+        EAGER,
+        trial("inductor:dynamic=false", 8.0, (7.9, 8.1), 1.25, (1.2, 1.3), 20),
+        trial(lead, 2.5, (2.4, 2.6), 4.0, (3.9, 4.1), 25, precision="bf16"),
+    ]
+    later = Candidate("cudagraphs", "later", 6.0, 0.5)
+    planned_cl = Candidate(cl, "planned", 1.5, 1.1)
+    pending = [(5, later), (6, planned_cl)]
+    search = {"skipped": {}, "refined": []}
+    nxt = refine(results, EAGER, ev, pending, search, next_index=7)
+    # The planned channels_last candidate moved up with its own index; scope=step is new.
+    assert [(i, c.spec) for i, c in pending] == [(6, cl), (7, step), (5, "cudagraphs")]
+    assert nxt == 8
+    assert [r["spec"] for r in search["refined"]] == [cl, step]
+    assert {r["leader"] for r in search["refined"]} == {lead}
+    # Run again before either ran: nothing is queued twice or recorded twice.
+    nxt = refine(results, EAGER, ev, pending, search, next_index=nxt)
+    assert [c.spec for _, c in pending] == [cl, step, "cudagraphs"] and nxt == 8
+    assert len(search["refined"]) == 2
+    # Once measured (or skipped for the budget) a refinement is not queued again.
+    pending.clear()
+    results.append(trial(step, 2.6, (2.5, 2.7), 3.9, (3.8, 4.0), 30, precision="bf16"))
+    search["skipped"][cl] = "would not fit the budget"
+    assert refine(results, EAGER, ev, pending, search, next_index=nxt) == 8 and pending == []
+
+
+def test_a_numerics_changing_leader_is_refined_only_when_its_precision_is_allowed():
+    ev = Evidence(device="cuda", step="infer", convolutional=True)  # bf16 not allowed
+    bf16 = trial("inductor:dynamic=false+bf16", 2.0, (1.9, 2.1), 5.0, (4.9, 5.1), 20,
+                 precision="bf16")  # fmt: skip
+    fp32 = trial("inductor:dynamic=false", 8.0, (7.9, 8.1), 1.25, (1.2, 1.3), 20)
+    pending = []
+    search = {"skipped": {}, "refined": []}
+    refine([EAGER, bf16, fp32], EAGER, ev, pending, search, next_index=3)
+    assert [c.spec for _, c in pending] == ["inductor:dynamic=false+channels_last"]

@@ -110,6 +110,8 @@ def markdown(doc: dict[str, Any]) -> str:
             f"  - {_md(b.get('file'))}:{b.get('line')} {_md(b.get('category'))}: "
             f"{_md(b.get('fix'))}"
         )
+    for r in (stages.get("search") or {}).get("refined") or []:
+        out.append(f"- Refined the leader `{r['leader']}`: tried `{r['spec']}` ({_md(r['why'])})")
     skipped = (stages.get("search") or {}).get("skipped") or {}
     for spec, why in skipped.items():
         out.append(f"- Skipped `{spec}`: {_md(why)}")

@@ -20,8 +20,9 @@ from torchkiln.runner.rundir import RunDir
 from torchkiln.runner.trial import TrialSpec, base_result
 from torchkiln.runner.worker import write_json
 from torchkiln.tune import recommend
-from torchkiln.tune.search import Evidence, candidates, estimate_trial_s
+from torchkiln.tune.search import Evidence, candidates, estimate_trial_s, refinements
 from torchkiln.tune.select import finalists, select
+from torchkiln.tune.select import leader as current_leader
 
 TUNE_SCHEMA = "torchkiln.tune/1"
 
@@ -220,6 +221,39 @@ def _head_to_head_stage(
     return run_batch(run_one, specs, slots)
 
 
+def refine(
+    results: list[dict[str, Any]],
+    eager: dict[str, Any],
+    evidence: Evidence,
+    pending: list[tuple[int, Any]],
+    search: dict[str, Any],
+    next_index: int,
+) -> int:
+    """Queue the current leader's refinements (search.refinements) at the front of the plan: one
+    already planned moves up, one already measured or skipped is not repeated. Returns the next
+    free trial index."""
+    lead = current_leader(results, eager, evidence.allow_precision)
+    if lead is None:
+        return next_index
+    done = {r["variant"] for r in results} | set(search["skipped"])
+    todo = [c for c in refinements(lead["variant"], evidence) if c.spec not in done]
+    front = []
+    for cand in todo:
+        planned = [p for p in pending if p[1].spec == cand.spec]
+        if planned:
+            pending.remove(planned[0])
+            front.append(planned[0])
+        else:
+            front.append((next_index, cand))
+            next_index += 1
+        if all(r["spec"] != cand.spec for r in search["refined"]):
+            search["refined"].append(
+                {"leader": lead["variant"], "spec": cand.spec, "why": cand.why}
+            )
+    pending[:0] = front
+    return next_index
+
+
 def tune(
     workload: str = "simple",
     *,
@@ -317,6 +351,8 @@ def tune(
     estimate = Estimator(float(eager.get("process_wall_s") or 30.0))
     slots = visible_gpus(device) if not in_process else [None]
     pending = list(enumerate(plan, start=1))
+    stages["search"]["refined"] = []
+    next_index = len(plan) + 1
     while pending:
         batch = []
         while pending and len(batch) < len(slots):
@@ -335,6 +371,7 @@ def tune(
         for (_, cand), r in zip(batch, run_batch(run_one, specs, slots), strict=True):
             results.append(r)
             estimate.learn(cand, r)
+        next_index = refine(results, eager, evidence, pending, stages["search"], next_index)
     h2h = []
     if steps is None:
         h2h = _head_to_head_stage(

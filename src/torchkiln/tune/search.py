@@ -136,3 +136,37 @@ def candidates(ev: Evidence) -> list[Candidate]:
 def estimate_trial_s(c: Candidate, overhead_s: float, default_compile_s: float) -> float:
     """Seconds a trial should take: process and measurement overhead plus its compile."""
     return overhead_s + c.compile_factor * default_compile_s
+
+
+def _add_knob(spec: str, **params: str) -> str:
+    """``spec`` with backend parameters set, its policies (``+bf16``...) kept."""
+    head, *policies = spec.split("+")
+    return _with(head, **params) + "".join(f"+{p}" for p in policies)
+
+
+def refinements(leader_spec: str, ev: Evidence) -> list[Candidate]:
+    """The knobs the search measured only on their own, stacked on the current leader: with
+    bf16 allowed the plan has `reduce-overhead+bf16` and `reduce-overhead+channels_last` but not
+    both, and a mode with bf16 is only as fast as that mode with bf16 by itself (issue 5's goal
+    is a pick faster than the best plain mode). Run next, ahead of the rest of the plan; a
+    refinement that takes the lead is refined in turn, so the knobs stack one at a time."""
+    v = parse_variant(leader_spec)
+    if v.name != "inductor":
+        return []
+    out = []
+    factor = COMPILE_FACTOR.get(v.backend.mode, 1.0)
+    if ev.convolutional and not v.channels_last:
+        spec = parse_variant(leader_spec + "+channels_last").spec
+        out.append(Candidate(spec, "the leader with channels_last", -100.0, factor))
+    if (
+        ev.step == "train"
+        and v.backend.scope == "model"
+        and v.backend.mode
+        in (
+            "default",
+            "reduce-overhead",
+        )
+    ):
+        spec = parse_variant(_add_knob(leader_spec, scope="step", fullgraph="false")).spec
+        out.append(Candidate(spec, "the leader with the whole step compiled", -100.0, factor * 1.3))
+    return out

@@ -108,6 +108,25 @@ def candidates_pool(
 FINALISTS = 2
 
 
+def _rivals(
+    results: list[dict[str, Any]],
+    baseline: dict[str, Any],
+    allow_precision: set[str] | frozenset[str],
+) -> list[dict[str, Any]]:
+    pool, _ = candidates_pool(results, allow_precision)
+    return [r for r in pool if r["variant"] != baseline["variant"]]
+
+
+def leader(
+    results: list[dict[str, Any]],
+    baseline: dict[str, Any],
+    allow_precision: set[str] | frozenset[str] = frozenset(),
+) -> dict[str, Any] | None:
+    """The correct, allowed variant with the highest paired speedup over eager so far."""
+    pool = _rivals(results, baseline, allow_precision)
+    return max(pool, key=lambda r: r["speedup"]["median"]) if pool else None
+
+
 def finalists(
     results: list[dict[str, Any]],
     baseline: dict[str, Any],
@@ -119,8 +138,7 @@ def finalists(
     busier host slows only the eager arm: on the H200 (session 3) reduce-overhead at 1.80 ms
     read 2.75x and max-autotune-no-cudagraphs at 3.48 ms read 2.71x, against eager runs of 4.96
     and 9.54 ms. Only a head-to-head trial settles such a pair."""
-    pool, _ = candidates_pool(results, allow_precision)
-    pool = [r for r in pool if r["variant"] != baseline["variant"]]
+    pool = _rivals(results, baseline, allow_precision)
     if len(pool) < 2:
         return []
     by_speedup = sorted(pool, key=lambda r: -r["speedup"]["median"])
