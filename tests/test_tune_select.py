@@ -294,3 +294,21 @@ def test_a_numerics_changing_leader_is_refined_only_when_its_precision_is_allowe
     search = {"skipped": {}, "refined": []}
     refine([EAGER, bf16, fp32], EAGER, ev, pending, search, next_index=3)
     assert [c.spec for _, c in pending] == ["inductor:dynamic=false+channels_last"]
+
+
+def test_an_allowed_precision_goes_before_fp32_autotuning_on_a_compute_bound_step():
+    ev = Evidence(device="cuda", step="train", verdict="gpu-compute-bound", graph_breaks=0)
+    fp32_only = [c.spec for c in candidates(ev)]
+    assert fp32_only[0].startswith("inductor:mode=max-autotune-no-cudagraphs")
+    ev.allow_precision = {"bf16"}
+    order = [c.spec for c in candidates(ev)]
+    first_ma = min(i for i, s in enumerate(order) if "max-autotune" in s)
+    bf16 = [i for i, s in enumerate(order) if s.endswith("+bf16") and s.startswith("inductor")]
+    assert bf16 and max(bf16) < first_ma
+
+
+def test_a_search_trial_is_capped_at_a_multiple_of_its_estimate():
+    from torchkiln.tune.pipeline import TRIAL_CAP_FACTOR, TRIAL_CAP_MIN_S, trial_cap_s
+
+    assert trial_cap_s(10.0) == TRIAL_CAP_MIN_S
+    assert trial_cap_s(400.0) == pytest.approx(400.0 * TRIAL_CAP_FACTOR)

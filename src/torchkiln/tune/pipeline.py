@@ -94,6 +94,22 @@ def _graph_breaks(spec: TrialSpec, timeout_s: float) -> dict[str, Any]:
     }
 
 
+# A search trial may run this many times its estimate (at least TRIAL_CAP_MIN_S) before it is
+# stopped as a timeout: on an H200 a max-autotune compile ran 10-33x the default mode's (resnet50
+# fp32 past 600 s, `benchmarks/results/zoo-h200`), and one such compile must not spend the
+# budget that every remaining candidate needs.
+TRIAL_CAP_FACTOR = 3.0
+TRIAL_CAP_MIN_S = 120.0
+CAP_NOTE = (
+    f"stopped at {TRIAL_CAP_FACTOR:.0f}x its estimated time so that one compile cannot spend "
+    "the budget the other candidates need"
+)
+
+
+def trial_cap_s(estimate_s: float) -> float:
+    return max(TRIAL_CAP_MIN_S, TRIAL_CAP_FACTOR * estimate_s)
+
+
 class Estimator:
     """Seconds a candidate's trial should take, learned from the trials already run."""
 
@@ -299,18 +315,24 @@ def tune(
     events.stage("baseline", "eager", left())
     results: list[dict[str, Any]] = []
 
+    caps: dict[str, float] = {}  # trial id -> its cap (search trials only)
+
     def run_one(spec: TrialSpec, gpu: int | None = None) -> dict[str, Any]:
         done = run.load_result(spec.id)
         if done is None and in_process:
             done = run_in_process(spec)
         elif done is None:
+            limit = max(30.0, left())
+            capped = spec.id in caps and caps[spec.id] < limit
             done = run_trial(
                 spec,
                 run.trial_dir(spec.id),
-                timeout_s=max(30.0, left()),
+                timeout_s=min(limit, caps.get(spec.id, limit)),
                 gpu=gpu,
                 on_phase=lambda ph: events.trial_phase(spec.variant, ph, left()),
             )
+            if capped and done.get("status") == "timeout":
+                done["reason"] = f"{done['reason']}; {CAP_NOTE}"
             run.save_result(spec.id, done)
         events.trial_done(done, left())
         return done
@@ -368,6 +390,8 @@ def tune(
             break
         events.stage("search", ", ".join(c.spec for _, c in batch) + f" (of {len(plan)})", left())
         specs = [replace(base, variant=c.spec, index=i) for i, c in batch]
+        for spec, (_, cand) in zip(specs, batch, strict=True):
+            caps[spec.id] = trial_cap_s(estimate(cand))
         for (_, cand), r in zip(batch, run_batch(run_one, specs, slots), strict=True):
             results.append(r)
             estimate.learn(cand, r)

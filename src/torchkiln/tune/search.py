@@ -8,14 +8,15 @@ from dataclasses import dataclass, field
 from torchkiln.variants import parse_variant
 
 # Relative compile cost of a candidate, in units of the default mode's compile time. Measured
-# on an H200 (torch 2.11, benchmarks/results/zoo-h200): simple train fp32 default 9.3 s,
-# reduce-overhead 9.4 s, max-autotune-no-cudagraphs 45.7 s; resnet50 infer fp32
-# max-autotune-no-cudagraphs was still compiling after 450 s against 16.6 s for default.
+# on an H200 (torch 2.11, benchmarks/results/zoo-h200, first call of max-autotune-no-cudagraphs
+# over default's): simple train fp32 4.9; bert-base infer bf16 3.4, fp32 10.4, train bf16 6.1,
+# fp32 17; resnet50 infer bf16 18, train bf16 10.5, infer fp32 > 33 and train fp32 > 15 (both
+# still compiling when stopped). Median about 10; reduce-overhead costs about what default does.
 COMPILE_FACTOR = {
     "default": 1.0,
     "reduce-overhead": 1.1,
-    "max-autotune-no-cudagraphs": 5.0,
-    "max-autotune": 5.5,
+    "max-autotune-no-cudagraphs": 10.0,
+    "max-autotune": 11.0,
 }
 REGIONS_FACTOR = 0.4  # one block compiled and reused: a fraction of the whole model's compile
 
@@ -74,7 +75,10 @@ def candidates(ev: Evidence) -> list[Candidate]:
         prio = float(i)
         if launch_bound and graphs:
             prio -= 10  # the profile says launches dominate: CUDA graphs first
-        if compute_bound and mode.startswith("max-autotune"):
+        if compute_bound and mode.startswith("max-autotune") and not ev.allow_precision:
+            # Autotuned fp32 kernels gain percent; an allowed 16-bit precision, on a
+            # compute-bound step, gains a multiple (resnet50 train on an H200: fp32
+            # reduce-overhead 38.7 ms, bf16 reduce-overhead 7.2 ms): the precision goes first.
             prio -= 5
         params = {"mode": mode} if mode != "default" else {}
         if ev.graph_breaks == 0:
