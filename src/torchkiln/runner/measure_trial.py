@@ -296,7 +296,7 @@ def measure_trial(spec: TrialSpec, result: dict[str, Any], phases) -> None:
         result["baseline_kernels_per_step"] = kernels_per_step(bases[0].step, 3, spec.device)
         if result["kernels_per_step"] is None:
             result["notes"].append("kernels per step are counted on CUDA devices only")
-    del bases, early, arm
+    del bases, base, early, arm  # `base` still names the last baseline arm
     if spec.device.startswith("cuda"):
         torch.cuda.empty_cache()
 
