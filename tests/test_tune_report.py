@@ -92,6 +92,14 @@ def test_kiln_tune_simple_tiny_cpu_within_budget(tmp_path):
     assert len(doc["head_to_head_trials"]) + len(h2h["skipped"]) >= 1
     for t in doc["head_to_head_trials"]:
         assert t["baseline"] == h2h["leader"] and t["status"] == "ok", t.get("reason")
+        # Not checked again (its search trial was), and the note says so, not "--no-check".
+        assert t["correctness"] is None
+        assert "correctness check skipped (a head-to-head trial" in " ".join(t["notes"])
+    # The leader was refined (simple is convolutional: channels_last stacked on it).
+    refined = doc["stages"]["search"]["refined"]
+    assert refined and all(r["spec"].endswith("+channels_last") for r in refined)
+    tried = {t["variant"] for t in doc["trials"]} | set(doc["stages"]["search"]["skipped"])
+    assert all(r["spec"] in tried for r in refined)
     assert set(doc["selection"]["head_to_head"]) == {
         t["variant"] for t in doc["head_to_head_trials"]
     }

@@ -127,11 +127,13 @@ def check_correctness(
     return judge(variant, first, refs, DROPOUT_NOTE if dropout else "")
 
 
-def apply_correctness(result: dict[str, Any], report: dict[str, Any] | None) -> bool:
+def apply_correctness(
+    result: dict[str, Any], report: dict[str, Any] | None, why_unchecked: str = "--no-check"
+) -> bool:
     """Record the check; False (and status accuracy_fail with the reason) when it failed."""
     if report is None:
         result["correctness"] = None
-        result["notes"].append("correctness check skipped (--no-check)")
+        result["notes"].append(f"correctness check skipped ({why_unchecked})")
         return True
     result["correctness"] = report
     if report["passed"]:
@@ -309,5 +311,5 @@ def measure_trial(spec: TrialSpec, result: dict[str, Any], phases) -> None:
         if spec.check_accuracy
         else None
     )
-    if apply_correctness(result, report):
+    if apply_correctness(result, report, spec.extra.get("unchecked_because", "--no-check")):
         result["status"] = "ok"

@@ -228,6 +228,10 @@ def _head_to_head_stage(
                 index=H2H_INDEX + k,
                 check_accuracy=False,
                 count_kernels=False,
+                extra={
+                    **base.extra,
+                    "unchecked_because": "a head-to-head trial: its search trial checked it",
+                },
             )
         )
     if not specs:
