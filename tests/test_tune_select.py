@@ -235,26 +235,32 @@ def test_head_to_head_trials_against_another_leader_or_failed_are_ignored():
 
 def test_the_leader_is_refined_with_the_knobs_measured_only_apart():
     """With bf16 allowed the plan has reduce-overhead+bf16 and reduce-overhead+channels_last but
-    not both; the leader gets each missing knob, and a refined leader gets the rest."""
+    not both; the leader gets each missing knob, cheapest first, autotuning last."""
     ev = Evidence(device="cuda", step="train", convolutional=True, allow_precision={"bf16"})
     ro_bf16 = "inductor:mode=reduce-overhead,dynamic=false+bf16"
     specs = [c.spec for c in refinements(ro_bf16, ev)]
     assert specs == [
         "inductor:mode=reduce-overhead,dynamic=false+bf16+channels_last",
         "inductor:mode=reduce-overhead,dynamic=false,scope=step+bf16",
+        "inductor:mode=max-autotune,dynamic=false+bf16",
     ]
     assert [c.spec for c in refinements(specs[0], ev)] == [
-        "inductor:mode=reduce-overhead,dynamic=false,scope=step+bf16+channels_last"
+        "inductor:mode=reduce-overhead,dynamic=false,scope=step+bf16+channels_last",
+        "inductor:mode=max-autotune,dynamic=false+bf16+channels_last",
     ]
-    # Inference, no convolutions: nothing to stack; max-autotune is never compiled per step.
-    assert refinements(ro_bf16, Evidence(device="cuda", step="infer")) == []
+    # Inference, no convolutions: only the autotuned mode; fp32 is autotuned by the plan itself.
+    infer = Evidence(device="cuda", step="infer")
+    assert [c.spec for c in refinements(ro_bf16, infer)] == [
+        "inductor:mode=max-autotune,dynamic=false+bf16"
+    ]
+    assert refinements("inductor:mode=reduce-overhead,dynamic=false", infer) == []
     assert [c.spec for c in refinements("inductor:mode=max-autotune", ev)] == [
         "inductor:mode=max-autotune+channels_last"
     ]
     assert refinements("cudagraphs", ev) == []
 
 
-def test_refine_queues_the_leaders_refinements_first_and_never_repeats_one():
+def test_refine_queues_one_refinement_of_the_leader_at_a_time_and_never_repeats_one():
     ev = Evidence(device="cuda", step="train", convolutional=True, allow_precision={"bf16"})
     lead = "inductor:mode=reduce-overhead,dynamic=false+bf16"
     cl = "inductor:mode=reduce-overhead,dynamic=false+bf16+channels_last"
@@ -269,20 +275,30 @@ def test_refine_queues_the_leaders_refinements_first_and_never_repeats_one():
     pending = [(5, later), (6, planned_cl)]
     search = {"skipped": {}, "refined": []}
     nxt = refine(results, EAGER, ev, pending, search, next_index=7)
-    # The planned channels_last candidate moved up with its own index; scope=step is new.
-    assert [(i, c.spec) for i, c in pending] == [(6, cl), (7, step), (5, "cudagraphs")]
-    assert nxt == 8
+    # The planned channels_last candidate moved up, with its own index; nothing else yet.
+    assert [(i, c.spec) for i, c in pending] == [(6, cl), (5, "cudagraphs")] and nxt == 7
+    # Called again before it ran: not queued or recorded twice.
+    nxt = refine(results, EAGER, ev, pending, search, next_index=nxt)
+    assert [c.spec for _, c in pending] == [cl, "cudagraphs"] and nxt == 7
+    # It ran and did not lead: the leader's next refinement comes, with a new index.
+    pending.pop(0)
+    results.append(trial(cl, 2.6, (2.5, 2.7), 3.9, (3.8, 4.0), 30, precision="bf16"))
+    nxt = refine(results, EAGER, ev, pending, search, next_index=nxt)
+    assert [(i, c.spec) for i, c in pending] == [(7, step), (5, "cudagraphs")] and nxt == 8
     assert [r["spec"] for r in search["refined"]] == [cl, step]
     assert {r["leader"] for r in search["refined"]} == {lead}
-    # Run again before either ran: nothing is queued twice or recorded twice.
-    nxt = refine(results, EAGER, ev, pending, search, next_index=nxt)
-    assert [c.spec for _, c in pending] == [cl, step, "cudagraphs"] and nxt == 8
-    assert len(search["refined"]) == 2
-    # Once measured (or skipped for the budget) a refinement is not queued again.
-    pending.clear()
-    results.append(trial(step, 2.6, (2.5, 2.7), 3.9, (3.8, 4.0), 30, precision="bf16"))
-    search["skipped"][cl] = "would not fit the budget"
-    assert refine(results, EAGER, ev, pending, search, next_index=nxt) == 8 and pending == []
+    # It led: its own refinements come next, not the old leader's autotuned mode.
+    pending.pop(0)
+    results.append(trial(step, 2.2, (2.1, 2.3), 4.6, (4.5, 4.7), 30, precision="bf16"))
+    refine(results, EAGER, ev, pending, search, next_index=nxt)
+    assert (
+        pending[0][1].spec
+        == "inductor:mode=reduce-overhead,dynamic=false,scope=step+bf16+channels_last"
+    )
+    # Skipped for the budget counts as tried.
+    search["skipped"][pending.pop(0)[1].spec] = "would not fit the budget"
+    refine(results, EAGER, ev, pending, search, next_index=nxt)
+    assert pending[0][1].spec == "inductor:mode=max-autotune,dynamic=false,scope=step+bf16"
 
 
 def test_a_numerics_changing_leader_is_refined_only_when_its_precision_is_allowed():

@@ -249,28 +249,27 @@ def refine(
     search: dict[str, Any],
     next_index: int,
 ) -> int:
-    """Queue the current leader's refinements (search.refinements) at the front of the plan: one
-    already planned moves up, one already measured or skipped is not repeated. Returns the next
-    free trial index."""
+    """Put the current leader's next untried refinement (search.refinements, cheapest first) at
+    the front of the plan: one at a time, so that once a refinement takes the lead the old
+    leader's other refinements are not run on top of it. One already planned moves up; one
+    already measured or skipped is not repeated. Returns the next free trial index."""
     lead = current_leader(results, eager, evidence.allow_precision)
     if lead is None:
         return next_index
     done = {r["variant"] for r in results} | set(search["skipped"])
     todo = [c for c in refinements(lead["variant"], evidence) if c.spec not in done]
-    front = []
-    for cand in todo:
-        planned = [p for p in pending if p[1].spec == cand.spec]
-        if planned:
-            pending.remove(planned[0])
-            front.append(planned[0])
-        else:
-            front.append((next_index, cand))
-            next_index += 1
-        if all(r["spec"] != cand.spec for r in search["refined"]):
-            search["refined"].append(
-                {"leader": lead["variant"], "spec": cand.spec, "why": cand.why}
-            )
-    pending[:0] = front
+    if not todo:
+        return next_index
+    cand = todo[0]
+    planned = [p for p in pending if p[1].spec == cand.spec]
+    if planned:
+        pending.remove(planned[0])
+        item = planned[0]
+    else:
+        item, next_index = (next_index, cand), next_index + 1
+    pending.insert(0, item)
+    if all(r["spec"] != cand.spec for r in search["refined"]):
+        search["refined"].append({"leader": lead["variant"], "spec": cand.spec, "why": cand.why})
     return next_index
 
 
