@@ -29,12 +29,14 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from torchkiln.measure.environment import collect as collect_environment  # noqa: E402
 from torchkiln.measure.stats import paired_speedup  # noqa: E402
-from torchkiln.measure.timer import StepTimer, calibrate_steps, time_round_robin  # noqa: E402
+from torchkiln.measure.timer import calibrate_steps, time_round_robin  # noqa: E402
 from torchkiln.runner.executable import build_arm  # noqa: E402
 from torchkiln.runner.settings import autocast, call_model, seed_everything  # noqa: E402
 from torchkiln.runner.trial import TrialSpec  # noqa: E402
-from torchkiln.variants import parse_variant  # noqa: E402
 from torchkiln.workloads import load_workload  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from aa_probe import add_arm_args, arm_setup  # noqa: E402
 
 
 def ratios(ms: list[list[float]]) -> list[dict]:
@@ -77,24 +79,12 @@ def placed_in_reverse(spec: TrialSpec, variant, k: int) -> list:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--workload", default="resnet50")
-    p.add_argument("--variant", default="eager+bf16")
-    p.add_argument("--step", default="infer")
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--preset", default="full")
+    add_arm_args(p)
     p.add_argument("--instances", type=int, default=4)
     p.add_argument("--reps", type=int, default=40)
     p.add_argument("--place", choices=("with-build", "reverse"), default="with-build")
     args = p.parse_args()
-    spec = TrialSpec(
-        workload=args.workload,
-        variant=args.variant,
-        step=args.step,
-        device=args.device,
-        preset=args.preset,
-    )
-    variant = parse_variant(args.variant)
-    timer = StepTimer(args.device)
+    spec, variant, timer = arm_setup(args)
     fns = (
         built_in_order(spec, variant, args.instances)
         if args.place == "with-build"

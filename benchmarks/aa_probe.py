@@ -29,7 +29,7 @@ from torchkiln.measure.stats import paired_speedup  # noqa: E402
 from torchkiln.measure.timer import StepTimer, calibrate_steps, time_round_robin  # noqa: E402
 from torchkiln.runner.executable import build_arm  # noqa: E402
 from torchkiln.runner.trial import TrialSpec  # noqa: E402
-from torchkiln.variants import parse_variant  # noqa: E402
+from torchkiln.variants import Variant, parse_variant  # noqa: E402
 
 
 def interleaved(timer: StepTimer, a, b, reps: int, steps: int) -> dict:
@@ -40,16 +40,16 @@ def interleaved(timer: StepTimer, a, b, reps: int, steps: int) -> dict:
     return {"speedup": s.median, "ci95": list(s.ci95), "a_ms": a_ms, "b_ms": b_ms}
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+def add_arm_args(p: argparse.ArgumentParser) -> None:
+    """The arm every A/A probe times (shared with aa_order_probe.py)."""
     p.add_argument("--workload", default="resnet50")
     p.add_argument("--variant", default="eager+bf16")
     p.add_argument("--step", default="infer")
     p.add_argument("--device", default="cuda")
     p.add_argument("--preset", default="full")
-    p.add_argument("--reps", type=int, default=60)
-    p.add_argument("--rounds", type=int, default=3)
-    args = p.parse_args()
+
+
+def arm_setup(args: argparse.Namespace) -> tuple[TrialSpec, Variant, StepTimer]:
     spec = TrialSpec(
         workload=args.workload,
         variant=args.variant,
@@ -57,8 +57,16 @@ def main() -> int:
         device=args.device,
         preset=args.preset,
     )
-    variant = parse_variant(args.variant)
-    timer = StepTimer(args.device)
+    return spec, parse_variant(args.variant), StepTimer(args.device)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    add_arm_args(p)
+    p.add_argument("--reps", type=int, default=60)
+    p.add_argument("--rounds", type=int, default=3)
+    args = p.parse_args()
+    spec, variant, timer = arm_setup(args)
 
     def fresh():
         arm = build_arm(spec, variant)

@@ -16,6 +16,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _run_benchmark(script: str, *args: str) -> subprocess.CompletedProcess:
+    """A benchmarks/ script on the CPU, as the GPU plans run it (src on the path)."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )  # fmt: skip
+
+
 def _script():
     spec = importlib.util.spec_from_file_location("bench_tune", ROOT / "benchmarks/bench_tune.py")
     module = importlib.util.module_from_spec(spec)
@@ -122,13 +131,10 @@ def test_dist_scaling_rows_carry_both_one_process_references():
 
 def test_aa_probe_times_one_instance_against_itself_and_fresh_pairs_on_the_cpu():
     """The A/A probe on the CPU's tiny preset: the same code path the H200 run takes."""
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks/aa_probe.py"), "--workload", "simple",
-         "--preset", "tiny", "--device", "cpu", "--variant", "eager", "--reps", "6",
-         "--rounds", "2"],
-        capture_output=True, text=True, timeout=600,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-    )  # fmt: skip
+    proc = _run_benchmark(
+        "aa_probe.py",
+        *"--workload simple --preset tiny --device cpu --variant eager --reps 6 --rounds 2".split(),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(doc["rounds"]) == 2
@@ -141,13 +147,11 @@ def test_aa_probe_times_one_instance_against_itself_and_fresh_pairs_on_the_cpu()
 
 @pytest.mark.parametrize("place", ["with-build", "reverse"])
 def test_aa_order_probe_times_every_instance_against_the_first_on_the_cpu(place):
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks/aa_order_probe.py"), "--workload", "simple",
-         "--preset", "tiny", "--device", "cpu", "--variant", "eager", "--instances", "3",
-         "--reps", "4", "--place", place],
-        capture_output=True, text=True, timeout=600,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-    )  # fmt: skip
+    proc = _run_benchmark(
+        "aa_order_probe.py",
+        *"--workload simple --preset tiny --device cpu --variant eager --instances 3".split(),
+        *("--reps", "4", "--place", place),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout.strip().splitlines()[-1])
     for name in ("gc_on", "gc_off"):
@@ -164,13 +168,11 @@ def test_aa_order_probe_times_every_instance_against_the_first_on_the_cpu(place)
 def test_bench_zoo_aa_check_on_the_cpu_writes_its_verdict(tmp_path):
     """The A/A the GPU plans run, on the CPU's tiny preset, with a chosen variant: its verdict
     file is named for the variant and carries the bracketed baseline's instance ratio."""
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks/bench_zoo.py"), "--out", str(tmp_path),
-         "--device", "cpu", "--preset", "tiny", "--checks-only", "--aa", "--aa-spec", "eager",
-         "--timeout", "300"],
-        capture_output=True, text=True, timeout=600,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-    )  # fmt: skip
+    proc = _run_benchmark(
+        "bench_zoo.py",
+        *("--out", str(tmp_path)),
+        *"--device cpu --preset tiny --checks-only --aa --aa-spec eager --timeout 300".split(),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     verdict = json.loads((tmp_path / "aa-resnet50-infer-eager.json").read_text())
     lo, hi = verdict["ci95"]
