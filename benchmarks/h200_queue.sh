@@ -143,10 +143,10 @@ phases-tune-infer | phases-tune-train)
   (lscpu; echo "queue cpus: $(cpus_for 0 2) | $(cpus_for 1 2)") >"$ROOT/cpus.txt" 2>&1
   limit=1650 plain_timeout=300
   if [ "$step" = train ]; then
-    # Both max-autotune compiles of a training step take over 300 s here (session 4: 441 s
-    # resnet50, 219 s + measuring bert-base) and are reported as timeouts either way; 240 s
+    # Both max-autotune compiles of a training step take over 200 s here (session 4: 441 s
+    # resnet50, 219 s + measuring bert-base) and are reported as timeouts either way; 150 s
     # keeps the lease's tail for the rest.
-    limit=1400 plain_timeout=240
+    limit=1300 plain_timeout=150
     # First, alone on the host (~3 min), issue 2's open A/A question (benchmarks/README.md,
     # session 4): is the build-order effect host or device placement, and does a GPU-bound
     # variant (reduce-overhead, one instance per arm) pass the A/A?
