@@ -81,7 +81,7 @@ def test_kiln_tune_simple_tiny_cpu_within_budget(tmp_path):
         assert (out / name).exists(), name
     doc = json.loads((out / "results.json").read_text())
     validate(doc)
-    assert doc["wall_s"] <= budget_s + 30
+    assert doc["wall_s"] <= budget_s  # trials stop early enough to leave time for the report
     assert doc["trials"][0]["variant"] == "eager"
     assert doc["selection"]["best"] is not None
     assert doc["recommendation"]["code"].startswith("import torch")

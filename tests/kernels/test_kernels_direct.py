@@ -84,3 +84,43 @@ def test_direct_calls_on_the_gpu_match_the_references(dtype):
             "bias_act_scale (direct)",
             atol=GELU_ATOL,  # as test_kernels_gpu at the same scale
         )
+
+
+def _kernel_body(x_ptr):  # a @triton.jit body; decorating needs no GPU
+    pass
+
+
+def test_direct_launches_hand_back_the_bare_kernel():
+    pytest.importorskip("triton")
+    from triton.runtime.jit import JITFunction
+
+    from torchkiln.kernels._launch import direct_launches, launchable
+
+    kernel = JITFunction(_kernel_body)
+    assert launchable(kernel) is not kernel  # wrap_triton: a tracer sees the launch
+    with direct_launches():
+        assert launchable(kernel) is kernel
+        with direct_launches():
+            assert launchable(kernel) is kernel
+        assert launchable(kernel) is kernel  # the inner exit restores, not clears
+    assert launchable(kernel) is not kernel
+
+
+def test_the_direct_path_launches_inside_direct_launches(monkeypatch):
+    from torchkiln.kernels import _launch, functional, ops
+
+    seen = []
+
+    def record(*args):
+        seen.append(getattr(_launch._state, "direct", False))
+        return args[0]
+
+    monkeypatch.setattr(functional, "direct_call", lambda *ts: True)
+    for name in ("_softmax", "_masked_softmax", "_bias_act_scale"):
+        monkeypatch.setattr(ops, name, record)
+    x = torch.randn(4, 8)
+    softmax(x)
+    masked_softmax(x, None, 0.5)
+    bias_act_scale(x, torch.randn(8), "relu", 1.0)
+    assert seen == [True, True, True]
+    assert not getattr(_launch._state, "direct", False)

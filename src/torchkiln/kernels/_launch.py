@@ -2,24 +2,45 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
 
+_state = threading.local()
+
+
+class direct_launches:
+    """Within it, `launchable` hands back the bare kernel: the caller has established that no
+    tracer needs to see the launch (functional.direct_call). Outside a `triton_op` a
+    `wrap_triton` wrapper is enabled and routes every eager launch through its higher-order op:
+    on the H200 that made an eager forward call cost 200-460 us on the host against 53 us for
+    the backward, which runs inside the op (benchmarks/README.md, session 5). A class, not
+    contextlib: it sits on every eager call. Thread-local, as a serving framework calls from
+    several threads."""
+
+    __slots__ = ("prev",)
+
+    def __enter__(self) -> None:
+        self.prev = getattr(_state, "direct", False)
+        _state.direct = True
+
+    def __exit__(self, *exc: object) -> None:
+        _state.direct = self.prev
+
 
 def launchable(kernel: Any) -> Any:
     """The kernel wrapped with `torch.library.wrap_triton`, so that a launch inside a `triton_op`
-    is traced into the graph (Inductor then calls the kernel itself, no graph break).
+    is traced into the graph (Inductor then calls the kernel itself, no graph break); inside
+    `direct_launches` the kernel itself.
 
     Under TRITON_INTERPRET=1 `@triton.jit` returns an InterpretedFunction, which torch 2.11 does
     not accept in wrap_triton (2.14 passes it through); interpreted kernels are only launched
     eagerly on CPU tensors by the tests, so they are launched as they are.
     """
-    from triton.runtime.jit import JITFunction
-
-    if isinstance(kernel, JITFunction):
-        return torch.library.wrap_triton(kernel)
-    return kernel
+    if getattr(_state, "direct", False) or is_interpreted(kernel):
+        return kernel
+    return torch.library.wrap_triton(kernel)
 
 
 def is_interpreted(kernel: Any) -> bool:

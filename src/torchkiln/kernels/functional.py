@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from torchkiln.kernels import ops
+from torchkiln.kernels._launch import direct_launches
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ACTIVATIONS = ("relu", "gelu")
@@ -111,7 +112,10 @@ def softmax(x: Tensor, dim: int = -1) -> Tensor:
             f"{fn}: dim={dim}; kiln's softmax reduces over the last dimension only (dim=-1). "
             f"Move the axis: softmax(x.movedim({dim}, -1)).movedim(-1, {dim})"
         )
-    return ops._softmax(x) if direct_call(x) else ops.softmax(x)
+    if direct_call(x):
+        with direct_launches():
+            return ops._softmax(x)
+    return ops.softmax(x)
 
 
 def masked_softmax(scores: Tensor, mask: Tensor | None = None, scale: float = 1.0) -> Tensor:
@@ -148,7 +152,8 @@ def masked_softmax(scores: Tensor, mask: Tensor | None = None, scale: float = 1.
                 "would silently drop its gradient; pass mask.detach()"
             )
     if direct_call(scores, mask):
-        return ops._masked_softmax(scores, mask, scale)
+        with direct_launches():
+            return ops._masked_softmax(scores, mask, scale)
     return ops.masked_softmax(scores, mask, scale)
 
 
@@ -175,5 +180,6 @@ def bias_act_scale(x: Tensor, bias: Tensor, act: str = "relu", scale: float = 1.
         )
     _check_same_device(fn, "bias", bias, "x", x)
     if direct_call(x, bias):
-        return ops._bias_act_scale(x, bias, act, scale)
+        with direct_launches():
+            return ops._bias_act_scale(x, bias, act, scale)
     return ops.bias_act_scale(x, bias, act, scale)

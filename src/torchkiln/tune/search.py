@@ -9,16 +9,40 @@ from torchkiln.variants import parse_variant
 
 # Relative compile cost of a candidate, in units of the default mode's compile time. Measured
 # on an H200 (torch 2.11, benchmarks/results/zoo-h200, first call of max-autotune-no-cudagraphs
-# over default's): simple train fp32 4.9; bert-base infer bf16 3.4, fp32 10.4, train bf16 6.1,
-# fp32 17; resnet50 infer bf16 18, train bf16 10.5, infer fp32 > 33 and train fp32 > 15 (both
-# still compiling when stopped). Median about 10; reduce-overhead costs about what default does.
+# over default's): at bf16 bert-base infer 3.4, train 6.1, resnet50 infer 18, train 10.5 (median
+# about 8); at fp32 simple train 4.9, bert-base infer 10.4, train 17, resnet50 infer > 33 and
+# train > 15 (both still compiling when stopped; session 5's bert-base train fp32 max-autotune
+# was still autotuning at 315 s, > 12x). fp32 kernels autotune slower: Triton's fp32 templates
+# take longer to benchmark. reduce-overhead costs about what default does.
 COMPILE_FACTOR = {
     "default": 1.0,
     "reduce-overhead": 1.1,
-    "max-autotune-no-cudagraphs": 10.0,
-    "max-autotune": 11.0,
+    "max-autotune-no-cudagraphs": 15.0,
+    "max-autotune": 16.5,
 }
+AUTOTUNE_16BIT_FACTOR = 8.0  # max-autotune at bf16/fp16, without CUDA graphs (median above)
 REGIONS_FACTOR = 0.4  # one block compiled and reused: a fraction of the whole model's compile
+# With a 16-bit precision allowed on a GPU, its variants run first and the fp32 (exact) ones
+# after all of them: session 5's bert-base train tune ran four fp32 candidates (one a
+# max-autotune compile stopped at 315 s) and spent its 10-minute budget before any bf16 one,
+# while reduce-overhead+bf16 measured 5.2x over eager against fp32 reduce-overhead's 1.08x.
+EXACT_AFTER = 20.0
+
+
+def compile_factor(mode: str, precision: str = "fp32") -> float:
+    """A mode's compile cost in units of the default mode's, at a precision."""
+    if mode.startswith("max-autotune") and precision in ("bf16", "fp16"):
+        return AUTOTUNE_16BIT_FACTOR * (1.1 if mode == "max-autotune" else 1.0)
+    return COMPILE_FACTOR[mode]
+
+
+def lead_precision(ev: Evidence) -> str | None:
+    """The allowed precision the search leads with on a GPU: bf16 (fp32's range, no loss
+    scaling), else fp16, else TF32 (fp32 storage, TF32 matrix units). None on the CPU, where
+    16-bit autocast is often slower and each precision is tried as a variant of its own."""
+    if not ev.device.startswith("cuda"):
+        return None
+    return next((p for p in ("bf16", "fp16", "tf32") if p in ev.allow_precision), None)
 
 
 @dataclass
@@ -54,7 +78,6 @@ def candidates(ev: Evidence) -> list[Candidate]:
     """Every variant worth measuring for this evidence, best-first. Precision changes appear
     only when allowed; CUDA-graph modes only on CUDA; fullgraph only with zero breaks."""
     cuda = ev.device.startswith("cuda")
-    modes = ["default", "max-autotune-no-cudagraphs"]
     if cuda:
         modes = ["default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune"]
     else:
@@ -63,12 +86,21 @@ def candidates(ev: Evidence) -> list[Candidate]:
         modes = ["default", "max-autotune-no-cudagraphs"]
     launch_bound = ev.verdict == "host/launch-bound"
     compute_bound = ev.verdict == "gpu-compute-bound"
+    lead = lead_precision(ev)
     out: list[Candidate] = []
 
     def add(spec: str, why: str, priority: float, factor: float) -> None:
         spec = parse_variant(spec).spec  # canonical, and validated
         if all(c.spec != spec for c in out):
             out.append(Candidate(spec, why, priority, factor))
+
+    def add_both(spec: str, why: str, priority: float, mode: str, scale: float = 1.0) -> None:
+        """At the lead precision, and at fp32 after every lead-precision candidate."""
+        if lead is None:
+            add(spec, why, priority, compile_factor(mode) * scale)
+            return
+        add(f"{spec}+{lead}", f"{why}, {lead}", priority, compile_factor(mode, lead) * scale)
+        add(spec, f"{why}, fp32 (exact)", priority + EXACT_AFTER, compile_factor(mode) * scale)
 
     for i, mode in enumerate(modes):
         graphs = mode in ("reduce-overhead", "max-autotune")
@@ -88,50 +120,55 @@ def candidates(ev: Evidence) -> list[Candidate]:
         why = f"torch.compile mode={mode}"
         if graphs:
             why += " (CUDA graphs: removes per-kernel launch cost)"
-        add(spec, why, prio, COMPILE_FACTOR[mode])
-        if ev.step == "train" and mode in ("default", "reduce-overhead"):
+        add_both(spec, why, prio, mode)
+        if ev.step == "train" and mode == "default":
             # Never fullgraph: the step calls loss.backward(), which Dynamo does not trace by
             # default ("Unsupported Tensor.backward() call"), so fullgraph=true always fails.
-            add(
+            # Not with CUDA graphs: on the H200 (torch 2.11, session 5) reduce-overhead over
+            # the whole step failed for resnet50 and bert-base alike, the optimizer's first
+            # step reading gradients "overwritten by a subsequent run" of the graphs.
+            add_both(
                 _with(spec, scope="step", fullgraph="false"),
                 why + ", whole step with the optimizer compiled",
                 prio + 0.5,
-                COMPILE_FACTOR[mode] * 1.3,
+                mode,
+                1.3,
             )
         if ev.has_repeated_blocks and mode in ("default", "reduce-overhead"):
-            add(
+            add_both(
                 _with(spec, scope="regions"),
                 why + ", each repeated block compiled once",
                 prio + 0.3,
-                COMPILE_FACTOR[mode] * REGIONS_FACTOR,
+                mode,
+                REGIONS_FACTOR,
             )
     if ev.convolutional:
         best_mode = "reduce-overhead" if (cuda and launch_bound) else "default"
         params = {"mode": best_mode} if best_mode != "default" else {}
         spec = _with("inductor", **params, dynamic="false") + "+channels_last"
-        add(
-            spec,
-            "channels_last: convolutions without layout transposes",
-            1.5,
-            COMPILE_FACTOR[best_mode],
-        )
+        add_both(spec, "channels_last: convolutions without layout transposes", 1.5, best_mode)
     if cuda:
-        add("cudagraphs", "CUDA graphs over eager kernels, no code generation", 6.0, 0.5)
+        add_both("cudagraphs", "CUDA graphs over eager kernels, no code generation", 6.0,
+                 "default", 0.5)  # fmt: skip
     if ev.xla_available:
-        add("xla", "XLA through torchax + jax.jit: the other whole-graph compiler", 7.0, 1.5)
+        add_both("xla", "XLA through torchax + jax.jit: the other whole-graph compiler", 7.0,
+                 "default", 1.5)  # fmt: skip
     for precision in ("bf16", "tf32", "fp16"):
         if precision not in ev.allow_precision:
             continue
-        bonus = -6 if compute_bound else -2
-        for i, mode in enumerate(modes[:2] if not cuda else ["default", "reduce-overhead"]):
-            params = {"mode": mode} if mode != "default" else {}
-            spec = _with("inductor", **params, dynamic="false") + f"+{precision}"
-            add(
-                spec,
-                f"{precision}: the matrix units' faster precision",
-                2.0 + i + bonus,
-                COMPILE_FACTOR[mode],
-            )
+        if precision != lead:
+            bonus = -6 if compute_bound else -2
+            if lead is not None:
+                bonus = 7  # another allowed precision: after the lead precision's modes
+            for i, mode in enumerate(modes[:2] if not cuda else ["default", "reduce-overhead"]):
+                params = {"mode": mode} if mode != "default" else {}
+                spec = _with("inductor", **params, dynamic="false") + f"+{precision}"
+                add(
+                    spec,
+                    f"{precision}: the matrix units' faster precision",
+                    2.0 + i + bonus,
+                    compile_factor(mode, precision),
+                )
         add(f"eager+{precision}", f"{precision} without compilation", 8.0, 0.0)
     out.sort(key=lambda c: c.priority)
     return out
@@ -159,19 +196,12 @@ def refinements(leader_spec: str, ev: Evidence) -> list[Candidate]:
     if v.name != "inductor":
         return []
     out = []
-    factor = COMPILE_FACTOR.get(v.backend.mode, 1.0)
+    factor = compile_factor(v.backend.mode, v.precision) if v.backend.mode else 1.0
     if ev.convolutional and not v.channels_last:
         spec = parse_variant(leader_spec + "+channels_last").spec
         out.append(Candidate(spec, "the leader with channels_last", -100.0, factor))
-    if (
-        ev.step == "train"
-        and v.backend.scope == "model"
-        and v.backend.mode
-        in (
-            "default",
-            "reduce-overhead",
-        )
-    ):
+    # Not under CUDA graphs (see candidates: the whole step failed there on the H200).
+    if ev.step == "train" and v.backend.scope == "model" and v.backend.mode == "default":
         spec = parse_variant(_add_knob(leader_spec, scope="step", fullgraph="false")).spec
         out.append(Candidate(spec, "the leader with the whole step compiled", -100.0, factor * 1.3))
     upgrade = AUTOTUNED.get(v.backend.mode)
@@ -181,7 +211,7 @@ def refinements(leader_spec: str, ev: Evidence) -> list[Candidate]:
         # eager, default 1.32x, in separate trials). The dearest knob, so the last tried.
         spec = parse_variant(_add_knob(leader_spec, mode=upgrade)).spec
         scale = 1.3 if v.backend.scope == "step" else 1.0
-        factor = COMPILE_FACTOR[upgrade] * scale
+        factor = compile_factor(upgrade, v.precision) * scale
         out.append(Candidate(spec, f"the leader autotuned ({upgrade})", -100.0, factor))
     return out
 
