@@ -135,36 +135,33 @@ phases-zoo-rest)
   ;;
 phases-tune-infer | phases-tune-train)
   # Issue 5's evidence in two leases (the whole of it, four tunes and their plain-mode
-  # comparisons, is over an hour of GPU time): one step kind per lease, resnet50 on GPU 0 and
-  # bert-base on GPU 1, each tune held to one GPU, a 10-minute budget, and plain trials capped
-  # at 5 minutes (4 for training; a max-autotune compile past that is reported as a timeout).
+  # comparisons, is over 40 minutes of GPU time): one step kind per lease, resnet50 on GPU 0
+  # and bert-base on GPU 1, each tune held to one GPU and a 10-minute budget, then the plain
+  # modes at the pick's precision (max-autotune capped at 150 s: both training compiles ran
+  # past it in session 5) and plain default and reduce-overhead at fp32. Then, alone on GPU 0,
+  # what else fits the lease: the kernels after a training lease (issue 6), serving with cuDNN
+  # attention off in every arm after an inference lease (issue 7).
   step=${cmd#phases-tune-}
   nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
   (lscpu; echo "queue cpus: $(cpus_for 0 2) | $(cpus_for 1 2)") >"$ROOT/cpus.txt" 2>&1
-  limit=1650 plain_timeout=300
-  if [ "$step" = train ]; then
-    # Both max-autotune compiles of a training step take over 200 s here (session 4: 441 s
-    # resnet50, 219 s + measuring bert-base) and are reported as timeouts either way; 150 s
-    # keeps the lease's tail for the rest.
-    limit=1300 plain_timeout=150
-    # First, alone on the host (~3 min), issue 2's open A/A question (benchmarks/README.md,
-    # session 4): is the build-order effect host or device placement, and does a GPU-bound
-    # variant (reduce-overhead, one instance per arm) pass the A/A?
-    (export CUDA_VISIBLE_DEVICES=0
-      job aa_order_reverse 150 bash -c "python3 benchmarks/aa_order_probe.py --instances 4 \
-        --reps 50 --place reverse >$ROOT/aa_order_reverse.json"
-      job aa_kiln_ro 150 python3 benchmarks/bench_zoo.py --out "$ROOT/zoo" --aa --checks-only \
-        --aa-spec inductor:mode=reduce-overhead+bf16 --timeout 140)
-  fi
   half=$(($(nproc) / 2))
   for gpu in 0 1; do
     w=$([ $gpu = 0 ] && echo resnet50 || echo bert-base)
     (export CUDA_VISIBLE_DEVICES=$gpu TORCHINDUCTOR_COMPILE_THREADS=$half
       taskset -pc "$(cpus_for $gpu 2)" $BASHPID >/dev/null
-      job "tune_${w}_$step" $limit python3 benchmarks/bench_tune.py --out "$ROOT/tune-$w" \
-        --workloads "$w" --steps "$step" --budget 10m --plain-timeout $plain_timeout) &
+      job "tune_${w}_$step" 1150 python3 benchmarks/bench_tune.py --out "$ROOT/tune-$w" \
+        --workloads "$w" --steps "$step" --budget 10m --plain-timeout 150 \
+        --plain-fp32-modes default,reduce-overhead) &
   done
   wait
+  export CUDA_VISIBLE_DEVICES=0
+  if [ "$step" = train ]; then
+    job kernels_tests 150 python3 -m pytest -q -m gpu tests/kernels
+    job kernels 330 python3 benchmarks/bench_kernels.py --out "$ROOT/kernels" --budget-s 280
+  else
+    job serve_nocudnn 560 python3 benchmarks/bench_serve.py --out "$ROOT/serve-nocudnn" \
+      --sdp-backends cudnn
+  fi
   echo "$(date +%T) all done" >>"$ROOT/status.txt"
   ;;
 phases-leftovers)

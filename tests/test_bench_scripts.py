@@ -96,6 +96,16 @@ def test_goals_judge_the_best_plain_mode_and_the_budget():
     assert row["goal_never_slower"] is False and row["within_budget"] is False
     infer = s.summarize_tune({**doc, "step": "infer"}, 900.0, None)
     assert "goal_train_1_2x" not in infer and infer["goal_never_slower"] is None
+    assert "plain_fp32" not in infer
+    # The fp32 reading is reported beside the strict one, which still decides the goals.
+    fp32 = {"pick_over_best_plain": {"ratio": 4.5, "ci95": [4.4, 4.6]}}
+    row = s.summarize_tune(doc, 900.0, slower, fp32)
+    assert row["fp32_reading"] == {"never_slower": True, "train_1_2x": True}
+    assert row["goal_never_slower"] is False and row["goal_train_1_2x"] is False
+    assert s.plain_specs("fp32", ("default", "reduce-overhead")) == [
+        "inductor",
+        "inductor:mode=reduce-overhead",
+    ]
 
 
 def test_dist_scaling_rows_carry_both_one_process_references():
