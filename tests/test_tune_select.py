@@ -374,3 +374,23 @@ def test_the_search_keeps_time_for_the_head_to_head_stage():
     ]
     assert head_to_head_reserve(runs, 600) == pytest.approx(135.0)  # the two slowest finalists
     assert head_to_head_reserve(runs, 200) == pytest.approx(H2H_RESERVE_SHARE * 200)
+
+
+def test_refinements_wait_for_the_cheap_modes_at_the_lead_precision():
+    ev = Evidence(device="cuda", step="train", verdict="gpu-compute-bound", graph_breaks=0,
+                  convolutional=True, allow_precision={"bf16"})  # fmt: skip
+    plan = candidates(ev)
+    primary = [c.spec for c in plan if c.primary]
+    assert primary == [
+        "inductor:fullgraph=true,dynamic=false+bf16",
+        "inductor:mode=reduce-overhead,fullgraph=true,dynamic=false+bf16",
+    ]
+    default_bf16 = trial(primary[0], 8.0, (7.9, 8.1), 2.0, (1.9, 2.1), 20, precision="bf16")
+    pending = [(2, next(c for c in plan if c.spec == primary[1]))]
+    search = {"skipped": {}, "refined": []}
+    # reduce-overhead+bf16 still waits: the leader (default+bf16) is not refined yet.
+    assert refine([EAGER, default_bf16], EAGER, ev, pending, search, next_index=9) == 9
+    assert [c.spec for _, c in pending] == [primary[1]] and not search["refined"]
+    pending.clear()
+    refine([EAGER, default_bf16], EAGER, ev, pending, search, next_index=9)
+    assert [c.spec for _, c in pending] == [primary[0] + "+channels_last"]

@@ -283,7 +283,12 @@ def refine(
     """Put the current leader's next untried refinement (search.refinements, cheapest first) at
     the front of the plan: one at a time, so that once a refinement takes the lead the old
     leader's other refinements are not run on top of it. One already planned moves up; one
-    already measured or skipped is not repeated. Returns the next free trial index."""
+    already measured or skipped is not repeated. Nothing is refined while a primary candidate
+    (default or reduce-overhead at the lead precision) waits: refining the first mode measured
+    delayed session 5's resnet50 reduce-overhead+bf16, the eventual pick, by two trials.
+    Returns the next free trial index."""
+    if any(getattr(c, "primary", False) for _, c in pending):
+        return next_index
     lead = current_leader(results, eager, evidence.allow_precision)
     if lead is None:
         return next_index

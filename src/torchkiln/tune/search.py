@@ -51,6 +51,9 @@ class Candidate:
     why: str
     priority: float  # lower runs earlier
     compile_factor: float
+    # A yardstick: the cheap modes (default, reduce-overhead) over the whole model at the
+    # precision the search leads with. Refinements wait until these are measured.
+    primary: bool = False
 
 
 @dataclass
@@ -89,17 +92,20 @@ def candidates(ev: Evidence) -> list[Candidate]:
     lead = lead_precision(ev)
     out: list[Candidate] = []
 
-    def add(spec: str, why: str, priority: float, factor: float) -> None:
+    def add(spec: str, why: str, priority: float, factor: float, primary: bool = False) -> None:
         spec = parse_variant(spec).spec  # canonical, and validated
         if all(c.spec != spec for c in out):
-            out.append(Candidate(spec, why, priority, factor))
+            out.append(Candidate(spec, why, priority, factor, primary))
 
-    def add_both(spec: str, why: str, priority: float, mode: str, scale: float = 1.0) -> None:
+    def add_both(
+        spec: str, why: str, priority: float, mode: str, scale: float = 1.0, primary: bool = False
+    ) -> None:
         """At the lead precision, and at fp32 after every lead-precision candidate."""
         if lead is None:
-            add(spec, why, priority, compile_factor(mode) * scale)
+            add(spec, why, priority, compile_factor(mode) * scale, primary)
             return
-        add(f"{spec}+{lead}", f"{why}, {lead}", priority, compile_factor(mode, lead) * scale)
+        factor = compile_factor(mode, lead) * scale
+        add(f"{spec}+{lead}", f"{why}, {lead}", priority, factor, primary)
         add(spec, f"{why}, fp32 (exact)", priority + EXACT_AFTER, compile_factor(mode) * scale)
 
     for i, mode in enumerate(modes):
@@ -120,7 +126,7 @@ def candidates(ev: Evidence) -> list[Candidate]:
         why = f"torch.compile mode={mode}"
         if graphs:
             why += " (CUDA graphs: removes per-kernel launch cost)"
-        add_both(spec, why, prio, mode)
+        add_both(spec, why, prio, mode, primary=mode in ("default", "reduce-overhead"))
         if ev.step == "train" and mode == "default":
             # Never fullgraph: the step calls loss.backward(), which Dynamo does not trace by
             # default ("Unsupported Tensor.backward() call"), so fullgraph=true always fails.
