@@ -82,6 +82,7 @@ def test_bench_simple_tiny_cpu_end_to_end(tmp_path):
         (["bench", "missing.py:f"], "does not exist"),
         (["bench", f"{WL}:broken_factory"], "the factory itself is broken"),
         (["bench", f"{WL}:mismatch", "--device", "cpu"], "do not run through the model"),
+        (["bench", "simple", "--device", "cpu", "--replicas", "0"], "1 or more instances"),
     ],
 )
 def test_bad_input_exits_2_with_a_message(args, expect, tmp_path):

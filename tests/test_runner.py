@@ -159,3 +159,64 @@ def test_only_an_eager_baseline_is_bracketed():
     assert not bracketed(spec, parse_variant("inductor:mode=reduce-overhead"))
     spec.bracket = False
     assert not bracketed(spec, parse_variant("eager"))
+
+
+def test_replicas_build_k_instances_of_each_arm_in_balanced_order(monkeypatch):
+    """With replicas=k every arm is k instances, built B V V B ..., all timed in each rep; the
+    speedup is the geometric mean of the k pairs' ratios with a t interval over them."""
+    import math
+
+    import torchkiln.runner.measure_trial as mt
+    from torchkiln.runner.replicas import t975
+    from torchkiln.runner.worker import Phases
+
+    built = []
+    real_build = mt.build_arm
+
+    def recording_build(spec, variant, **kw):
+        built.append(variant.spec)
+        return real_build(spec, variant, **kw)
+
+    monkeypatch.setattr(mt, "build_arm", recording_build)
+    spec = TrialSpec(
+        workload=f"{WL}:tiny_mlp",
+        variant="eager+bf16",
+        device="cpu",
+        check_accuracy=False,
+        count_kernels=False,
+        replicas=3,
+        **{**FAST, "reps": 4},
+    )
+    result = base_result(spec)
+    mt.measure_trial(spec, result, Phases(None))
+    assert result["status"] == "ok"
+    # (then the FLOP count builds its own)
+    assert built[:6] == ["eager", "eager+bf16", "eager+bf16", "eager", "eager", "eager+bf16"]
+    rep = result["replicas"]
+    assert rep["k"] == 3 and rep["build_order"] == ["B", "V", "V", "B", "B", "V"]
+    sp = result["speedup"]
+    assert sp["n"] == 3 and sp["ratios"] == pytest.approx(rep["pair_ratios"])
+    logs = [math.log(r) for r in rep["pair_ratios"]]
+    mean = sum(logs) / 3
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / 2)
+    assert sp["median"] == pytest.approx(math.exp(mean))
+    lo, hi = sp["ci95"]
+    assert lo == pytest.approx(math.exp(mean - t975(2) * sd / math.sqrt(3)))
+    assert hi == pytest.approx(math.exp(mean + t975(2) * sd / math.sqrt(3)))
+    assert "baseline_instances" not in result  # replication replaces the bracket
+
+
+def test_replicated_speedup_interval_covers_instance_variation():
+    from torchkiln.runner.replicas import build_order, replicated_speedup, t975
+
+    # Three pairs whose instances differ by 2%, 0% and -2%: each pair's own reps agree
+    # perfectly, so only the pairs' spread can widen the interval.
+    base = [[10.2] * 5, [10.0] * 5, [9.8] * 5]
+    var = [[10.0] * 5] * 3
+    sp = replicated_speedup(base, var)
+    assert sp.ci95[0] < 1.0 < sp.ci95[1] and not sp.significant
+    assert sp.ci95[1] - sp.ci95[0] > 0.04  # wider than the pairs' spread: t with 2 df
+    assert build_order(4) == ["B", "V", "V", "B", "B", "V", "V", "B"]
+    assert t975(1) == 12.706 and t975(11) == 2.228 and t975(50) == 1.96
+    with pytest.raises(ValueError):
+        t975(0)

@@ -51,6 +51,13 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--reps", type=int, default=None, help="paired timed reps (default 15)")
     p.add_argument("--rep-ms", type=float, default=None, help="target ms per rep (default 100)")
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        help="K > 1: K instances of each arm, the interval over the K pairs, so it includes "
+        "instance-to-instance variation (about 1%% on host-bound GPU steps); K times the work",
+    )
     p.add_argument("--no-check", action="store_true", help="skip the correctness check")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per trial")
     p.add_argument("--json", dest="json_path", help="also write the results here")
@@ -146,6 +153,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         overrides["reps"] = args.reps
     if args.rep_ms:
         overrides["rep_ms"] = args.rep_ms
+    if args.replicas is not None:
+        if args.replicas < 1:
+            raise KilnUserError(f"--replicas {args.replicas}: give 1 or more instances per arm")
+        overrides["replicas"] = args.replicas
     check_dist(args.dist, args.nproc, args.step)  # bad options fail before any progress bar
     executor = make_executor(args.executor, device=device, address=args.address)
     with _Progress(len(variants)) as progress:

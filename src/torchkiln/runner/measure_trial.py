@@ -1,7 +1,8 @@
 """One trial, in order: the variant alone (first call, warm-up, memory), then the baseline, then
 interleaved paired reps, kernel counts, FLOPs, and the correctness check last (so its extra
 builds cannot warm the caches that the first call is timed against). An eager baseline is two
-instances, built before and after the variant (`baseline_instances`).
+instances, built before and after the variant (`baseline_instances`); with `replicas` k > 1,
+k instances of each arm (`runner.replicas`).
 `xla` trials, which cannot share a process's PyTorch with their baseline, take the order of
 `measure_apart` instead (baseline and references first)."""
 
@@ -19,6 +20,7 @@ from torchkiln.measure.memory import MemoryTracker
 from torchkiln.measure.stats import paired_speedup, summarize
 from torchkiln.measure.timer import StepTimer, calibrate_steps, time_round_robin
 from torchkiln.runner.executable import Arm, build_arm
+from torchkiln.runner.replicas import build_order, replicas_record, replicated_speedup
 from torchkiln.runner.settings import active_dropout
 from torchkiln.runner.trial import TrialSpec
 from torchkiln.variants import Variant, parse_variant
@@ -226,6 +228,93 @@ def baseline_instances(before_ms: list[float], after_ms: list[float], notes: lis
     }
 
 
+def warm_baseline(arm: Arm, timer: StepTimer, spec: TrialSpec) -> float:
+    """A further arm's first call (seconds) and warm-up, as the variant's."""
+    first_s, _ = timer.time_once_s(arm.step)
+    warm_up(arm, timer, spec)
+    return first_s
+
+
+def timed_reps(spec: TrialSpec, timer: StepTimer, steps: list, result: dict[str, Any]) -> list:
+    """Paired reps of every arm, the order rotating (A B, B A, ...) so drift hits every arm
+    alike; steps per rep calibrated on the first arm. Records the host's load and any
+    recompilation during the reps."""
+    before_reps = dynamo_counters()  # after every arm's own warm-up (a baseline may compile)
+    load_before = host_load.snapshot()
+    per_rep = calibrate_steps(timer, steps[0], spec.rep_ms)
+    samples = time_round_robin(timer, steps, spec.reps, per_rep)
+    result["steps_per_rep"] = per_rep
+    result["reps"] = spec.reps
+    host_load.record(result, load_before, spec.device)
+    result["dynamo_after_measure"] = dynamo_counters()
+    if result["dynamo_after_measure"]["recompiles"] > before_reps["recompiles"]:
+        result["notes"].append("recompiled during the timed reps: steady state was not reached")
+    return samples
+
+
+def measure_single(
+    spec: TrialSpec, variant: Variant, baseline: Variant, timer: StepTimer, result, phases
+) -> tuple[Arm, list, list[Arm]]:
+    """One variant instance against the baseline (two instances bracketing it when eager)."""
+    # 1. The variant alone: first call (compilation included), warm-up, memory. A bracketed
+    # baseline's first instance is built before it (not yet run).
+    early = build_arm(spec, baseline) if bracketed(spec, baseline) else None
+    arm, first_outputs = variant_alone(spec, variant, timer, result, phases)
+    result["dynamo"] = dynamo_counters()
+
+    # 2. The baseline, warmed the same way.
+    phases("baseline")
+    bases = [early] if early is not None else []
+    bases.append(build_arm(spec, baseline))
+    result["baseline_first_call_s"] = warm_baseline(bases[0], timer, spec)
+    for base in bases[1:]:
+        warm_baseline(base, timer, spec)
+
+    # 3. Paired reps.
+    phases("measure")
+    samples = timed_reps(spec, timer, [arm.step] + [b.step for b in bases], result)
+    var_ms, base_ms = samples[0], mean_per_rep(samples[1:])
+    result["steady_ms"] = summarize(var_ms).to_dict()
+    result["baseline_ms"] = summarize(base_ms).to_dict()
+    result["speedup"] = paired_speedup(base_ms, var_ms).to_dict()
+    if len(bases) > 1:
+        result["baseline_instances"] = baseline_instances(samples[1], samples[2], result["notes"])
+    return arm, first_outputs, bases
+
+
+def measure_replicated(
+    spec: TrialSpec, variant: Variant, baseline: Variant, timer: StepTimer, result, phases
+) -> tuple[Arm, list, list[Arm]]:
+    """k variant and k baseline instances (runner.replicas): built B V V B ..., the first
+    variant instance timed alone as usual (first call, warm-up, memory), then every other
+    instance's first call and warm-up, then reps over all 2k arms; the speedup's interval is
+    taken over the k pairs. Returns the first variant arm and every other arm."""
+    order = build_order(spec.replicas)
+    arms: dict[str, list[Arm]] = {"B": [], "V": []}
+    first_outputs: list = []
+    for kind in order:
+        if kind == "V" and not arms["V"]:
+            arm, first_outputs = variant_alone(spec, variant, timer, result, phases)
+            result["dynamo"] = dynamo_counters()
+        else:
+            phases("build")
+            arm = build_arm(spec, baseline if kind == "B" else variant)
+        arms[kind].append(arm)
+    phases("baseline")
+    result["baseline_first_call_s"] = warm_baseline(arms["B"][0], timer, spec)
+    for arm in arms["B"][1:] + arms["V"][1:]:
+        warm_baseline(arm, timer, spec)
+    phases("measure")
+    k = spec.replicas
+    samples = timed_reps(spec, timer, [a.step for a in arms["V"] + arms["B"]], result)
+    var, base = samples[:k], samples[k:]
+    result["steady_ms"] = summarize(mean_per_rep(var)).to_dict()
+    result["baseline_ms"] = summarize(mean_per_rep(base)).to_dict()
+    result["speedup"] = replicated_speedup(base, var).to_dict()
+    result["replicas"] = replicas_record(order, base, var)
+    return arms["V"][0], first_outputs, arms["B"] + arms["V"][1:]
+
+
 def measure_trial(spec: TrialSpec, result: dict[str, Any], phases) -> None:
     import torch
 
@@ -253,43 +342,13 @@ def measure_trial(spec: TrialSpec, result: dict[str, Any], phases) -> None:
         from torchkiln.runner.measure_apart import measure_baseline_first
 
         measure_baseline_first(spec, variant, baseline, result, phases)
+        if spec.replicas > 1:
+            result["notes"].append("replicas apply to in-process arms; an xla trial has one each")
         return
 
-    # 1. The variant alone: first call (compilation included), warm-up, memory. A bracketed
-    # baseline's first instance is built before it (not yet run).
-    early = build_arm(spec, baseline) if bracketed(spec, baseline) else None
-    arm, first_outputs = variant_alone(spec, variant, timer, result, phases)
+    measure = measure_replicated if spec.replicas > 1 else measure_single
+    arm, first_outputs, bases = measure(spec, variant, baseline, timer, result, phases)
     dropout = spec.step == "train" and active_dropout(arm.model)
-    result["dynamo"] = dynamo_counters()
-
-    # 2. The baseline, warmed the same way.
-    phases("baseline")
-    bases = [early] if early is not None else []
-    bases.append(build_arm(spec, baseline))
-    for i, base in enumerate(bases):
-        first_s, _ = timer.time_once_s(base.step)
-        if i == 0:
-            result["baseline_first_call_s"] = first_s
-        warm_up(base, timer, spec)
-
-    # 3. Paired reps, the order rotating (A B, B A, ...) so drift hits every arm alike.
-    phases("measure")
-    before_reps = dynamo_counters()  # after the baseline's own warm-up (it may compile too)
-    load_before = host_load.snapshot()
-    steps = calibrate_steps(timer, arm.step, spec.rep_ms)
-    samples = time_round_robin(timer, [arm.step] + [b.step for b in bases], spec.reps, steps)
-    var_ms, base_ms = samples[0], mean_per_rep(samples[1:])
-    result["steps_per_rep"] = steps
-    result["reps"] = spec.reps
-    result["steady_ms"] = summarize(var_ms).to_dict()
-    result["baseline_ms"] = summarize(base_ms).to_dict()
-    result["speedup"] = paired_speedup(base_ms, var_ms).to_dict()
-    if len(bases) > 1:
-        result["baseline_instances"] = baseline_instances(samples[1], samples[2], result["notes"])
-    host_load.record(result, load_before, spec.device)
-    result["dynamo_after_measure"] = dynamo_counters()
-    if result["dynamo_after_measure"]["recompiles"] > before_reps["recompiles"]:
-        result["notes"].append("recompiled during the timed reps: steady state was not reached")
 
     # 4. Kernels per step (profiler; CUDA only).
     if spec.count_kernels:
@@ -298,7 +357,7 @@ def measure_trial(spec: TrialSpec, result: dict[str, Any], phases) -> None:
         result["baseline_kernels_per_step"] = kernels_per_step(bases[0].step, 3, spec.device)
         if result["kernels_per_step"] is None:
             result["notes"].append("kernels per step are counted on CUDA devices only")
-    del bases, base, early, arm  # `base` still names the last baseline arm
+    del bases, arm
     if spec.device.startswith("cuda"):
         torch.cuda.empty_cache()
 
