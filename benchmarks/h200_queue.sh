@@ -137,29 +137,37 @@ phases-tune-infer | phases-tune-train)
   # Issue 5's evidence in two leases (the whole of it, four tunes and their plain-mode
   # comparisons, is over 40 minutes of GPU time): one step kind per lease, resnet50 on GPU 0
   # and bert-base on GPU 1, each tune held to one GPU and a 10-minute budget, then the plain
-  # modes at the pick's precision (max-autotune capped at 150 s: both training compiles ran
-  # past it in session 5) and plain default and reduce-overhead at fp32. Then, alone on GPU 0,
-  # what else fits the lease: the kernels after a training lease (issue 6), serving with cuDNN
-  # attention off in every arm after an inference lease (issue 7).
+  # modes at the pick's precision (max-autotune capped at 120 s: both training compiles ran
+  # past 150 s in session 5) and plain default and reduce-overhead at fp32. A training lease
+  # first runs issue 2's A/A alone on the host with 6 replicas per arm (eager+bf16, host-bound,
+  # then reduce-overhead+bf16), and ends with the kernels (issue 6) after their direct-launch
+  # fix; an inference lease ends with serving, cuDNN attention off in every arm (issue 7).
+  # Each lease about 27 minutes.
   step=${cmd#phases-tune-}
   nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
   (lscpu; echo "queue cpus: $(cpus_for 0 2) | $(cpus_for 1 2)") >"$ROOT/cpus.txt" 2>&1
+  if [ "$step" = train ]; then
+    (export CUDA_VISIBLE_DEVICES=0
+      zoo="python3 benchmarks/bench_zoo.py --out $ROOT/zoo --aa --checks-only --timeout 150"
+      job aa_eager_replicas 170 $zoo
+      job aa_ro_replicas 170 $zoo --aa-spec inductor:mode=reduce-overhead+bf16)
+  fi
   half=$(($(nproc) / 2))
   for gpu in 0 1; do
     w=$([ $gpu = 0 ] && echo resnet50 || echo bert-base)
     (export CUDA_VISIBLE_DEVICES=$gpu TORCHINDUCTOR_COMPILE_THREADS=$half
       taskset -pc "$(cpus_for $gpu 2)" $BASHPID >/dev/null
-      job "tune_${w}_$step" 1150 python3 benchmarks/bench_tune.py --out "$ROOT/tune-$w" \
-        --workloads "$w" --steps "$step" --budget 10m --plain-timeout 150 \
+      job "tune_${w}_$step" 1200 python3 benchmarks/bench_tune.py --out "$ROOT/tune-$w" \
+        --workloads "$w" --steps "$step" --budget 10m --plain-timeout 120 \
         --plain-fp32-modes default,reduce-overhead) &
   done
   wait
   export CUDA_VISIBLE_DEVICES=0
   if [ "$step" = train ]; then
-    job kernels_tests 150 python3 -m pytest -q -m gpu tests/kernels
-    job kernels 330 python3 benchmarks/bench_kernels.py --out "$ROOT/kernels" --budget-s 280
+    job kernels_tests 60 python3 -m pytest -q -m gpu tests/kernels/test_kernels_direct.py
+    job kernels 220 python3 benchmarks/bench_kernels.py --out "$ROOT/kernels" --budget-s 170
   else
-    job serve_nocudnn 560 python3 benchmarks/bench_serve.py --out "$ROOT/serve-nocudnn" \
+    job serve_nocudnn 540 python3 benchmarks/bench_serve.py --out "$ROOT/serve-nocudnn" \
       --sdp-backends cudnn
   fi
   echo "$(date +%T) all done" >>"$ROOT/status.txt"
