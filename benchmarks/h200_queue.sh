@@ -139,18 +139,22 @@ phases-tune-infer | phases-tune-train)
   # and bert-base on GPU 1, each tune held to one GPU and a 10-minute budget, then the plain
   # modes at the pick's precision (max-autotune capped at 120 s: both training compiles ran
   # past 150 s in session 5) and plain default and reduce-overhead at fp32. A training lease
-  # first runs issue 2's A/A alone on the host with 6 replicas per arm (eager+bf16, host-bound,
-  # then reduce-overhead+bf16), and ends with the kernels (issue 6) after their direct-launch
+  # first runs, alone on the host, issue 2's A/A with 6 replicas per arm (eager+bf16,
+  # host-bound, then reduce-overhead+bf16) and the kernels (issue 6) after their direct-launch
   # fix; an inference lease ends with serving, cuDNN attention off in every arm (issue 7).
-  # Each lease about 27 minutes.
+  # Each lease about 28 minutes.
   step=${cmd#phases-tune-}
   nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
   (lscpu; echo "queue cpus: $(cpus_for 0 2) | $(cpus_for 1 2)") >"$ROOT/cpus.txt" 2>&1
   if [ "$step" = train ]; then
+    # Alone on the host first: the A/A (12 instances per run; reduce-overhead's compile once
+    # and record CUDA graphs for each) and the kernels' launch-bound small sizes.
     (export CUDA_VISIBLE_DEVICES=0
-      zoo="python3 benchmarks/bench_zoo.py --out $ROOT/zoo --aa --checks-only --timeout 150"
-      job aa_eager_replicas 170 $zoo
-      job aa_ro_replicas 170 $zoo --aa-spec inductor:mode=reduce-overhead+bf16)
+      zoo="python3 benchmarks/bench_zoo.py --out $ROOT/zoo --aa --checks-only"
+      job aa_eager_replicas 120 $zoo --timeout 110
+      job aa_ro_replicas 200 $zoo --timeout 180 --aa-spec inductor:mode=reduce-overhead+bf16
+      job kernels_tests 60 python3 -m pytest -q -m gpu tests/kernels/test_kernels_direct.py
+      job kernels 220 python3 benchmarks/bench_kernels.py --out "$ROOT/kernels" --budget-s 170)
   fi
   half=$(($(nproc) / 2))
   for gpu in 0 1; do
@@ -162,13 +166,10 @@ phases-tune-infer | phases-tune-train)
         --plain-fp32-modes default,reduce-overhead) &
   done
   wait
-  export CUDA_VISIBLE_DEVICES=0
-  if [ "$step" = train ]; then
-    job kernels_tests 60 python3 -m pytest -q -m gpu tests/kernels/test_kernels_direct.py
-    job kernels 220 python3 benchmarks/bench_kernels.py --out "$ROOT/kernels" --budget-s 170
-  else
-    job serve_nocudnn 540 python3 benchmarks/bench_serve.py --out "$ROOT/serve-nocudnn" \
-      --sdp-backends cudnn
+  if [ "$step" = infer ]; then
+    (export CUDA_VISIBLE_DEVICES=0
+      job serve_nocudnn 540 python3 benchmarks/bench_serve.py --out "$ROOT/serve-nocudnn" \
+        --sdp-backends cudnn)
   fi
   echo "$(date +%T) all done" >>"$ROOT/status.txt"
   ;;

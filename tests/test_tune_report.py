@@ -56,27 +56,16 @@ def test_compare_exits_1_on_a_regression_and_0_on_noise(tmp_path):
 
 @pytest.mark.slow
 def test_kiln_tune_simple_tiny_cpu_within_budget(tmp_path):
+    """The README's main command as a user runs it on a CPU machine (default workload, preset
+    and budget): it ends within 5 minutes on this repository's 2-core machines."""
     out = tmp_path / "tune"
-    budget_s = 300
+    budget_s = 240  # `--budget auto` on the CPU
     t0 = time.monotonic()
-    proc = _kiln_long(
-        "tune",
-        "simple",
-        "--preset",
-        "tiny",
-        "--device",
-        "cpu",
-        "--budget",
-        "5m",
-        "--out",
-        str(out),
-        "--reps",
-        "5",
-    )
+    proc = _kiln_long("tune", "--device", "cpu", "--out", str(out))
     elapsed = time.monotonic() - t0
     assert proc.returncode == 0, proc.stderr[-3000:]
-    # The budget bounds the search; start-up and the report add a little on top.
-    assert elapsed < budget_s + 60, elapsed
+    assert elapsed < 300, elapsed
+    assert json.loads((out / "results.json").read_text())["budget_s"] == budget_s
     for name in ("report.md", "report.html", "results.json"):
         assert (out / name).exists(), name
     doc = json.loads((out / "results.json").read_text())

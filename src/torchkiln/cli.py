@@ -199,7 +199,12 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if present)")
     p.add_argument("--preset", choices=["auto", "full", "tiny"], default="auto")
     p.add_argument("--batch-size", type=int, default=None)
-    p.add_argument("--budget", default="15m", help="wall-time budget, e.g. 15m, 90s, 1h")
+    p.add_argument(
+        "--budget",
+        default="auto",
+        help="wall-time budget, e.g. 15m, 90s, 1h (auto: 15m on a GPU, 4m on the CPU, so that "
+        "the default command ends within 5 minutes on a 2-core machine)",
+    )
     p.add_argument(
         "--steps",
         type=int,
@@ -240,6 +245,12 @@ class _TuneProgress:
         self.console.print(f"  [yellow]skipped[/yellow] {spec}: {why}")
 
 
+def _auto_budget(budget: str, device: str) -> str:
+    if budget != "auto":
+        return budget
+    return "15m" if device.startswith("cuda") else "4m"
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     from torchkiln.api import resolve_preset
     from torchkiln.tune.api import parse_budget
@@ -261,7 +272,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         device=device,
         preset=resolve_preset(args.preset, device),
         batch_size=args.batch_size,
-        budget_s=parse_budget(args.budget),
+        budget_s=parse_budget(_auto_budget(args.budget, device)),
         steps=args.steps,
         allow_precision=allow,
         out=out,

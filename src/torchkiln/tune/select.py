@@ -158,7 +158,8 @@ def _settle_tie(sel: Selection, group: list[dict[str, Any]], why: str) -> None:
     sel.best = cheapest
     sel.tied = [r["variant"] for r in group]
     sel.reason = (
-        f"{why}; the cheapest to compile ({cheapest['first_call_s']:.1f} s first call) wins"
+        f"{why}; the cheapest to compile wins: {cheapest['variant']} "
+        f"({cheapest['first_call_s']:.1f} s first call)"
     )
 
 
@@ -197,9 +198,12 @@ def _head_to_head(
         return True
     tied = [by_name[v] for v, t in done.items() if not t["speedup"]["significant"]]
     if tied:
-        names = ", ".join(r["variant"] for r in tied)
-        why = f"tie head to head: {names} no significant difference from {leader['variant']}"
-        _settle_tie(sel, [leader, *tied], why + " in one process")
+        names = " and ".join(r["variant"] for r in tied)
+        why = (
+            f"tie head to head: {names}, each timed against {leader['variant']} in one "
+            "process, showed no significant difference"
+        )
+        _settle_tie(sel, [leader, *tied], why)
         return True
     sel.best = leader
     sel.reason = (
