@@ -140,21 +140,18 @@ phases-tune-infer | phases-tune-train)
   # modes at the pick's precision (max-autotune capped at 120 s: both training compiles ran
   # past 150 s in session 5) and plain default and reduce-overhead at fp32. A training lease
   # first runs, alone on the host, issue 2's A/A with 6 replicas per arm (eager+bf16,
-  # host-bound, then reduce-overhead+bf16) and the kernels (issue 6) after their direct-launch
-  # fix; an inference lease ends with serving, cuDNN attention off in every arm (issue 7).
-  # Each lease about 28 minutes.
+  # host-bound, then reduce-overhead+bf16): about 25 minutes; an inference lease ends with
+  # serving, cuDNN attention off in every arm (issue 7): about 29 minutes.
   step=${cmd#phases-tune-}
   nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
   (lscpu; echo "queue cpus: $(cpus_for 0 2) | $(cpus_for 1 2)") >"$ROOT/cpus.txt" 2>&1
   if [ "$step" = train ]; then
     # Alone on the host first: the A/A (12 instances per run; reduce-overhead's compile once
-    # and record CUDA graphs for each) and the kernels' launch-bound small sizes.
+    # and record CUDA graphs for each).
     (export CUDA_VISIBLE_DEVICES=0
       zoo="python3 benchmarks/bench_zoo.py --out $ROOT/zoo --aa --checks-only"
       job aa_eager_replicas 120 $zoo --timeout 110
-      job aa_ro_replicas 200 $zoo --timeout 180 --aa-spec inductor:mode=reduce-overhead+bf16
-      job kernels_tests 60 python3 -m pytest -q -m gpu tests/kernels/test_kernels_direct.py
-      job kernels 220 python3 benchmarks/bench_kernels.py --out "$ROOT/kernels" --budget-s 170)
+      job aa_ro_replicas 200 $zoo --timeout 180 --aa-spec inductor:mode=reduce-overhead+bf16)
   fi
   half=$(($(nproc) / 2))
   for gpu in 0 1; do
@@ -174,10 +171,12 @@ phases-tune-infer | phases-tune-train)
   echo "$(date +%T) all done" >>"$ROOT/status.txt"
   ;;
 phases-leftovers)
-  # One GPU, ~8 minutes, alone: what issue 8 still needs after sessions 2-5 (benchmarks/README.md):
-  # bert-base training through xla against eager, Inductor default and reduce-overhead (the
-  # kernels and serving reruns now close the tune leases).
+  # One GPU, ~14 minutes, alone: the kernels after their direct-launch fix (issue 6; session 5
+  # found every eager forward call launch-bound), then what issue 8 still needs: bert-base
+  # training through xla against eager, Inductor default and reduce-overhead.
   nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
+  job kernels_tests 150 python3 -m pytest -q -m gpu tests/kernels
+  job kernels 330 python3 benchmarks/bench_kernels.py --out "$ROOT/kernels" --budget-s 280
   job xla_bert_train 480 bash -c "python3 -m pip install -q --no-index --no-deps \
     --no-compile --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site:\$PYTHONPATH python3 \
     benchmarks/bench_xla.py --out $ROOT/xla --workloads bert-base --steps train"
