@@ -140,8 +140,9 @@ phases-tune-infer | phases-tune-train)
   # modes at the pick's precision (max-autotune capped at 120 s: both training compiles ran
   # past 150 s in session 5) and plain default and reduce-overhead at fp32. A training lease
   # first runs, alone on the host, issue 2's A/A with 6 replicas per arm (eager+bf16,
-  # host-bound, then reduce-overhead+bf16): about 25 minutes; an inference lease ends with
-  # serving, cuDNN attention off in every arm (issue 7): about 29 minutes.
+  # host-bound, then reduce-overhead+bf16): about 27 minutes (a tune's 10 minutes, then about
+  # 9 for its plain modes, 22 at most); an inference lease ends with serving, cuDNN attention
+  # off in every arm (issue 7): about 26 minutes.
   step=${cmd#phases-tune-}
   nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
   (lscpu; echo "queue cpus: $(cpus_for 0 2) | $(cpus_for 1 2)") >"$ROOT/cpus.txt" 2>&1
@@ -158,7 +159,7 @@ phases-tune-infer | phases-tune-train)
     w=$([ $gpu = 0 ] && echo resnet50 || echo bert-base)
     (export CUDA_VISIBLE_DEVICES=$gpu TORCHINDUCTOR_COMPILE_THREADS=$half
       taskset -pc "$(cpus_for $gpu 2)" $BASHPID >/dev/null
-      job "tune_${w}_$step" 1200 python3 benchmarks/bench_tune.py --out "$ROOT/tune-$w" \
+      job "tune_${w}_$step" 1320 python3 benchmarks/bench_tune.py --out "$ROOT/tune-$w" \
         --workloads "$w" --steps "$step" --budget 10m --plain-timeout 120 \
         --plain-fp32-modes default,reduce-overhead) &
   done
