@@ -56,7 +56,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         help="K > 1: K instances of each arm, the interval over the K pairs, so it includes "
-        "instance-to-instance variation (about 1%% on host-bound GPU steps); K times the work",
+        "instance-to-instance variation (about 1%% on host-bound GPU steps); K times the work. "
+        "A t interval with K - 1 degrees of freedom: use 4 or more (at K = 2 it is 6x wider)",
     )
     p.add_argument("--no-check", action="store_true", help="skip the correctness check")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per trial")
