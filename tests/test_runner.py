@@ -112,10 +112,9 @@ def test_resume_skips_finished_trials(tmp_path):
     assert [t["status"] for t in manifest["trials"]] == ["ok", "ok"]
 
 
-def test_an_eager_baseline_is_two_instances_built_around_the_variant(monkeypatch):
-    """Build order moves host-bound eager steps by ~1% (measure_trial.baseline_instances), so an
-    eager baseline is built once before the variant and once after, and its per-rep time is the
-    two instances' mean. Checked in-process, recording every build."""
+def _measure_recording_builds(monkeypatch, **spec_fields):
+    """An eager+bf16 trial of the tiny MLP measured in-process, recording every arm it builds:
+    (the built specs in order, the result)."""
     import torchkiln.runner.measure_trial as mt
     from torchkiln.runner.worker import Phases
 
@@ -133,10 +132,18 @@ def test_an_eager_baseline_is_two_instances_built_around_the_variant(monkeypatch
         device="cpu",
         check_accuracy=False,
         count_kernels=False,
-        **{**FAST, "reps": 4},
+        **{**FAST, "reps": 4, **spec_fields},
     )
     result = base_result(spec)
     mt.measure_trial(spec, result, Phases(None))
+    return built, result
+
+
+def test_an_eager_baseline_is_two_instances_built_around_the_variant(monkeypatch):
+    """Build order moves host-bound eager steps by ~1% (measure_trial.baseline_instances), so an
+    eager baseline is built once before the variant and once after, and its per-rep time is the
+    two instances' mean. Checked in-process, recording every build."""
+    built, result = _measure_recording_builds(monkeypatch)
     assert result["status"] == "ok"
     assert built[:3] == ["eager", "eager+bf16", "eager"]
     inst = result["baseline_instances"]
@@ -166,29 +173,9 @@ def test_replicas_build_k_instances_of_each_arm_in_balanced_order(monkeypatch):
     speedup is the geometric mean of the k pairs' ratios with a t interval over them."""
     import math
 
-    import torchkiln.runner.measure_trial as mt
     from torchkiln.runner.replicas import t975
-    from torchkiln.runner.worker import Phases
 
-    built = []
-    real_build = mt.build_arm
-
-    def recording_build(spec, variant, **kw):
-        built.append(variant.spec)
-        return real_build(spec, variant, **kw)
-
-    monkeypatch.setattr(mt, "build_arm", recording_build)
-    spec = TrialSpec(
-        workload=f"{WL}:tiny_mlp",
-        variant="eager+bf16",
-        device="cpu",
-        check_accuracy=False,
-        count_kernels=False,
-        replicas=3,
-        **{**FAST, "reps": 4},
-    )
-    result = base_result(spec)
-    mt.measure_trial(spec, result, Phases(None))
+    built, result = _measure_recording_builds(monkeypatch, replicas=3)
     assert result["status"] == "ok"
     # (then the FLOP count builds its own)
     assert built[:6] == ["eager", "eager+bf16", "eager+bf16", "eager", "eager", "eager+bf16"]

@@ -310,8 +310,9 @@ def measure_replicated(
     var, base = samples[:k], samples[k:]
     result["steady_ms"] = summarize(mean_per_rep(var)).to_dict()
     result["baseline_ms"] = summarize(mean_per_rep(base)).to_dict()
-    result["speedup"] = replicated_speedup(base, var).to_dict()
-    result["replicas"] = replicas_record(order, base, var)
+    speedup = replicated_speedup(base, var)
+    result["speedup"] = speedup.to_dict()
+    result["replicas"] = replicas_record(order, base, var, speedup)
     return arms["V"][0], first_outputs, arms["B"] + arms["V"][1:]
 
 

@@ -63,17 +63,18 @@ def replicated_speedup(
 
 
 def replicas_record(
-    order: list[str], baseline_ms: list[list[float]], variant_ms: list[list[float]]
+    order: list[str],
+    baseline_ms: list[list[float]],
+    variant_ms: list[list[float]],
+    speedup: Speedup,
 ) -> dict[str, Any]:
     """What the result keeps about the replicates: the build order, each instance's median and
-    each pair's ratio."""
+    each pair's ratio (the replicated speedup's own)."""
     return {
         "k": len(variant_ms),
         "build_order": order,
         "variant_median_ms": [float(np.median(v)) for v in variant_ms],
         "baseline_median_ms": [float(np.median(b)) for b in baseline_ms],
-        "pair_ratios": [
-            paired_speedup(b, v).median for b, v in zip(baseline_ms, variant_ms, strict=True)
-        ],
+        "pair_ratios": list(speedup.ratios),
         "interval": "t over the pairs' log ratios, k - 1 degrees of freedom",
     }

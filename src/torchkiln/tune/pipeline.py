@@ -287,7 +287,7 @@ def refine(
     (default or reduce-overhead at the lead precision) waits: refining the first mode measured
     delayed session 5's resnet50 reduce-overhead+bf16, the eventual pick, by two trials.
     Returns the next free trial index."""
-    if any(getattr(c, "primary", False) for _, c in pending):
+    if any(c.primary for _, c in pending):
         return next_index
     lead = current_leader(results, eager, evidence.allow_precision)
     if lead is None:
