@@ -6,7 +6,7 @@
 #   bash benchmarks/h200_queue.sh start ROOT [PLAN]     # detaches (setsid); returns at once;
 #                                                       # PLAN: session2 (default), zoo,
 #                                                       # zoo-rest, tune, tune-infer,
-#                                                       # tune-train, leftovers
+#                                                       # tune-train, leftovers, session6
 #   bash benchmarks/h200_queue.sh wait ROOT SECONDS DIR # waits for the end or SECONDS, then
 #                                                       # packs ROOT into DIR/gpu.tgz
 #   bash benchmarks/h200_queue.sh recheck ROOT DIR      # one GPU, ~5 min (see below)
@@ -40,9 +40,19 @@ print(",".join(str(c) for g in share for c in g))
 PY
 }
 
-job() { # job NAME TIMEOUT_S COMMAND...: one line per job in ROOT/status.txt
+job() { # job NAME TIMEOUT_S COMMAND...: one line per job in ROOT/status.txt. With
+  # DEADLINE_S set (seconds since the plan began), a job's limit is cut to what is left before
+  # it, and a job with under a minute left is skipped and said so, not started to be killed.
   local name=$1 limit=$2
   shift 2
+  if [ -n "${DEADLINE_S:-}" ]; then
+    local left=$((DEADLINE_S - SECONDS))
+    if ((left < 60)); then
+      echo "$(date +%T) skip  $name: ${left}s left before the deadline" >>"$ROOT/status.txt"
+      return
+    fi
+    ((left < limit)) && limit=$left
+  fi
   echo "$(date +%T) start $name" >>"$ROOT/status.txt"
   local t0=$SECONDS
   timeout -k 10 "$limit" "$@" >"$ROOT/logs/$name.txt" 2>&1
@@ -169,6 +179,42 @@ phases-tune-infer | phases-tune-train)
       job serve_nocudnn 540 python3 benchmarks/bench_serve.py --out "$ROOT/serve-nocudnn" \
         --sdp-backends cudnn)
   fi
+  echo "$(date +%T) all done" >>"$ROOT/status.txt"
+  ;;
+phases-session6)
+  # One lease for four issues (~28 minutes): issue 2's A/A with 6 replicas per arm alone on the
+  # host (eager+bf16, then reduce-overhead+bf16); then bert-base's training tune on GPU 1 (the
+  # tune whose search issue 5's fixes changed most: session 5 ran no bf16 candidate), and on
+  # GPU 0 serving with cuDNN attention off in every arm (issue 7), bert-base training through
+  # xla (issue 8) and the kernels after their direct-launch fix (issue 6), each cut to the
+  # lease's deadline (DEADLINE_S, default 1650 s after the start).
+  nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
+  (lscpu; echo "queue cpus: $(cpus_for 0 2) | $(cpus_for 1 2)") >"$ROOT/cpus.txt" 2>&1
+  (export CUDA_VISIBLE_DEVICES=0
+    zoo="python3 benchmarks/bench_zoo.py --out $ROOT/zoo --aa --checks-only"
+    job aa_eager_replicas 120 $zoo --timeout 110
+    job aa_ro_replicas 200 $zoo --timeout 180 --aa-spec inductor:mode=reduce-overhead+bf16)
+  half=$(($(nproc) / 2))
+  (export CUDA_VISIBLE_DEVICES=1 TORCHINDUCTOR_COMPILE_THREADS=$half
+    taskset -pc "$(cpus_for 1 2)" $BASHPID >/dev/null
+    job tune_bert-base_train 1320 python3 benchmarks/bench_tune.py --out "$ROOT/tune-bert-base" \
+      --workloads bert-base --steps train --budget 10m --plain-timeout 120 \
+      --plain-fp32-modes default,reduce-overhead) &
+  (export CUDA_VISIBLE_DEVICES=0 TORCHINDUCTOR_COMPILE_THREADS=$half
+    export DEADLINE_S=${DEADLINE_S:-1650}
+    taskset -pc "$(cpus_for 0 2)" $BASHPID >/dev/null
+    job serve_nocudnn 540 python3 benchmarks/bench_serve.py --out "$ROOT/serve-nocudnn" \
+      --sdp-backends cudnn
+    job xla_bert_train 480 bash -c "python3 -m pip install -q --no-index --no-deps \
+      --no-compile --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site:\$PYTHONPATH python3 \
+      benchmarks/bench_xla.py --out $ROOT/xla --workloads bert-base --steps train"
+    job kernels_tests 150 python3 -m pytest -q -m gpu tests/kernels
+    # The benchmark stops itself at --budget-s and writes what it measured: give it what is left.
+    kb=$((DEADLINE_S - SECONDS - 50))
+    ((kb > 280)) && kb=280
+    job kernels $((kb + 50)) python3 benchmarks/bench_kernels.py --out "$ROOT/kernels" \
+      --budget-s "$kb") &
+  wait
   echo "$(date +%T) all done" >>"$ROOT/status.txt"
   ;;
 phases-leftovers)

@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 QUEUE = ROOT / "benchmarks" / "h200_queue.sh"
-PLANS = ["session2", "zoo", "zoo-rest", "tune", "tune-infer", "tune-train", "leftovers"]
+PLANS = ["session2", "zoo", "zoo-rest", "tune", "tune-infer", "tune-train", "leftovers", "session6"]
 
 # Runs a script as __main__ but stops at its first parse_args: exit 0 if the options parse,
 # argparse's exit 2 (with its message) if not.
@@ -41,7 +41,7 @@ def _stub(bin_dir: Path, name: str, body: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
-def _record_plan(plan: str, tmp: Path) -> list[list[str]]:
+def _record_plan(plan: str, tmp: Path, **extra_env: str) -> list[list[str]]:
     bin_dir, root, log = tmp / "bin", tmp / "root", tmp / "calls.txt"
     bin_dir.mkdir()
     (root / "logs").mkdir(parents=True)
@@ -60,7 +60,7 @@ def _record_plan(plan: str, tmp: Path) -> list[list[str]]:
     )
     for name in ("taskset", "nvidia-smi", "lscpu"):
         _stub(bin_dir, name, "exit 0\n")
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", **extra_env}
     proc = subprocess.run(
         ["bash", str(QUEUE), f"phases-{plan}", str(root)],
         cwd=ROOT,
@@ -94,6 +94,17 @@ def test_a_plan_calls_its_scripts_with_options_they_accept(plan, tmp_path):
         if argv[:2] == ["-m", "pytest"]:
             paths = [a.split("::")[0] for a in argv[2:] if a.startswith("tests")]
             assert paths and all((ROOT / p).exists() for p in paths), argv
+
+
+def test_jobs_past_the_deadline_are_skipped_and_said_so(tmp_path):
+    # A deadline 30 s after the start, set for the whole plan: every job has under a minute.
+    calls = _record_plan("session6", tmp_path, DEADLINE_S="30")
+    status = (tmp_path / "root" / "status.txt").read_text()
+    names = ["aa_eager_replicas", "aa_ro_replicas", "tune_bert-base_train", "serve_nocudnn"]
+    names += ["xla_bert_train", "kernels_tests", "kernels"]
+    for name in names:
+        assert f"skip  {name}: " in status and f"start {name}\n" not in status
+    assert calls == []
 
 
 def test_the_parse_only_runner_catches_a_bad_option(tmp_path):
