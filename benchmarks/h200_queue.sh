@@ -148,22 +148,14 @@ phases-tune-infer | phases-tune-train)
   # comparisons, is over 40 minutes of GPU time): one step kind per lease, resnet50 on GPU 0
   # and bert-base on GPU 1, each tune held to one GPU and a 10-minute budget, then the plain
   # modes at the pick's precision (max-autotune capped at 120 s: both training compiles ran
-  # past 150 s in session 5) and plain default and reduce-overhead at fp32. A training lease
-  # first runs, alone on the host, issue 2's A/A with 6 replicas per arm (eager+bf16,
-  # host-bound, then reduce-overhead+bf16): about 27 minutes (a tune's 10 minutes, then about
-  # 9 for its plain modes, 22 at most); an inference lease ends with serving, cuDNN attention
-  # off in every arm (issue 7): about 26 minutes.
+  # past 150 s in session 5) and plain default and reduce-overhead at fp32: about 19 minutes
+  # (session 6's bert-base train: 1154 s), 22 at most. Then, alone on the host (short rows are
+  # host-bound, so a busy host would read slower), issue 6's kernels: their GPU tests and the
+  # bandwidth table, cut to the lease's deadline (DEADLINE_S, default 1650 s): about 25 minutes.
+  # Issue 2's A/A (resolved in session 6) is plan session6's first step.
   step=${cmd#phases-tune-}
   nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
   (lscpu; echo "queue cpus: $(cpus_for 0 2) | $(cpus_for 1 2)") >"$ROOT/cpus.txt" 2>&1
-  if [ "$step" = train ]; then
-    # Alone on the host first: the A/A (12 instances per run; reduce-overhead's compile once
-    # and record CUDA graphs for each).
-    (export CUDA_VISIBLE_DEVICES=0
-      zoo="python3 benchmarks/bench_zoo.py --out $ROOT/zoo --aa --checks-only"
-      job aa_eager_replicas 120 $zoo --timeout 110
-      job aa_ro_replicas 200 $zoo --timeout 180 --aa-spec inductor:mode=reduce-overhead+bf16)
-  fi
   half=$(($(nproc) / 2))
   for gpu in 0 1; do
     w=$([ $gpu = 0 ] && echo resnet50 || echo bert-base)
@@ -174,11 +166,12 @@ phases-tune-infer | phases-tune-train)
         --plain-fp32-modes default,reduce-overhead) &
   done
   wait
-  if [ "$step" = infer ]; then
-    (export CUDA_VISIBLE_DEVICES=0
-      job serve_nocudnn 540 python3 benchmarks/bench_serve.py --out "$ROOT/serve-nocudnn" \
-        --sdp-backends cudnn)
-  fi
+  (export CUDA_VISIBLE_DEVICES=0 DEADLINE_S=${DEADLINE_S:-1650}
+    job kernels_tests 150 python3 -m pytest -q -m gpu tests/kernels
+    kb=$((DEADLINE_S - SECONDS - 50))
+    ((kb > 280)) && kb=280
+    job kernels $((kb + 50)) python3 benchmarks/bench_kernels.py --out "$ROOT/kernels" \
+      --budget-s "$kb")
   echo "$(date +%T) all done" >>"$ROOT/status.txt"
   ;;
 phases-session6)

@@ -319,8 +319,11 @@ def test_a_numerics_changing_leader_is_refined_only_when_its_precision_is_allowe
 
 def test_an_allowed_precision_goes_before_fp32_autotuning_on_a_compute_bound_step():
     ev = Evidence(device="cuda", step="train", verdict="gpu-compute-bound", graph_breaks=0)
-    fp32_only = [c.spec for c in candidates(ev)]
-    assert fp32_only[0].startswith("inductor:mode=max-autotune-no-cudagraphs")
+    fp32_plan = candidates(ev)
+    fp32_only = [c.spec for c in fp32_plan]
+    # The cheap plain modes first (the yardsticks), then autotuning ahead of the rest.
+    assert [c.primary for c in fp32_plan[:3]] == [True, True, False]
+    assert fp32_only[2].startswith("inductor:mode=max-autotune-no-cudagraphs")
     ev.allow_precision = {"bf16"}
     order = [c.spec for c in candidates(ev)]
     bf16 = [i for i, s in enumerate(order) if s.endswith("+bf16")]
@@ -360,20 +363,43 @@ def test_a_search_trial_is_capped_at_a_multiple_of_its_estimate():
 
 
 def test_the_search_keeps_time_for_the_head_to_head_stage():
-    from torchkiln.tune.pipeline import H2H_RESERVE_SHARE, head_to_head_reserve
+    from torchkiln.tune.pipeline import H2H_RESERVE_SHARE, head_to_head_cost, head_to_head_reserve
 
-    eager = {"variant": "eager", "status": "ok", "process_wall_s": 20.0}
+    eager = {**EAGER, "process_wall_s": 20.0}
     # Nothing compiled yet: two eager processes' worth per compiled arm.
-    assert head_to_head_reserve([eager], 600) == pytest.approx(80.0)
-    runs = [
-        eager,
-        {"variant": "a", "status": "ok", "process_wall_s": 60.0},
-        {"variant": "b", "status": "ok", "process_wall_s": 75.0},
-        {"variant": "c", "status": "ok", "process_wall_s": 47.0},
-        {"variant": "d", "status": "timeout", "process_wall_s": 315.0},  # not a finalist
+    assert head_to_head_reserve([eager], 600, eager) == pytest.approx(80.0)
+
+    def measured(variant, ms, speedup, wall, start, checks):
+        r = trial(variant, ms, (ms * 0.99, ms * 1.01), speedup, (speedup * 0.98, speedup * 1.02), 9)
+        phases = {"start": start, "first_call": 9.0, "correctness_compile": checks}
+        return {**r, "process_wall_s": wall, "phase_s": phases}
+
+    a = measured("a", 5.0, 2.0, 99.0, 10.0, 30.0)  # the leader
+    b = measured("b", 6.0, 1.7, 55.0, 12.0, 10.0)  # the next by speedup
+    # One measured: twice its process time without the checks a head-to-head skips.
+    assert head_to_head_reserve([eager, a], 600, eager) == pytest.approx(2 * 69.0)
+    # Both arms in one process that starts once: 69 + 45 - 10 (session 6's 62 + 41 s arms,
+    # one 10 s start: its head-to-head took 73 s).
+    assert head_to_head_cost(a, b) == pytest.approx(104.0)
+    slow = measured("slow", 9.0, 1.1, 149.0, 14.0, 32.0)  # slow to build, not a finalist
+    failed = {**measured("d", 1.0, 9.0, 315.0, 10.0, 0.0), "status": "timeout"}
+    runs = [eager, a, b, slow, failed]
+    # The finalists' cost, not the slowest trials' (149 + 99 s in session 6).
+    assert head_to_head_reserve(runs, 600, eager) == pytest.approx(104.0)
+    assert head_to_head_reserve(runs, 200, eager) == pytest.approx(H2H_RESERVE_SHARE * 200)
+
+
+def test_the_plain_modes_at_the_lead_precision_run_before_other_scopes():
+    """Session 6's bert-base train tune (verdict balanced, bf16 allowed) measured default's
+    regional and whole-step variants first and had no time left for reduce-overhead+bf16."""
+    ev = Evidence(device="cuda", step="train", verdict="balanced", graph_breaks=0,
+                  has_repeated_blocks=True, allow_precision={"bf16"})  # fmt: skip
+    specs = [c.spec for c in candidates(ev)]
+    assert specs[:2] == [
+        "inductor:fullgraph=true,dynamic=false+bf16",
+        "inductor:mode=reduce-overhead,fullgraph=true,dynamic=false+bf16",
     ]
-    assert head_to_head_reserve(runs, 600) == pytest.approx(135.0)  # the two slowest finalists
-    assert head_to_head_reserve(runs, 200) == pytest.approx(H2H_RESERVE_SHARE * 200)
+    assert any("scope=regions" in s for s in specs[2:]) and any("scope=step" in s for s in specs)
 
 
 def test_refinements_wait_for_the_cheap_modes_at_the_lead_precision():

@@ -126,18 +126,53 @@ FINAL_RESERVE_S = 10.0
 H2H_RESERVE_SHARE = 0.25
 
 
-def head_to_head_reserve(results: list[dict[str, Any]], budget_s: float) -> float:
-    """Seconds to keep for one head-to-head trial: the two slowest successful search trials'
-    process times (a leader and a challenger compiled in one process)."""
-    walls = sorted(
-        float(r.get("process_wall_s") or 0)
-        for r in results
-        if r.get("status") == "ok" and r.get("variant") != "eager"
-    )
-    if not walls:
-        eager = next((r for r in results if r.get("variant") == "eager"), {})
-        walls = [2 * float(eager.get("process_wall_s") or 30.0)]
-    need = sum(walls[-2:]) if len(walls) > 1 else 2 * walls[-1]
+# Phases a head-to-head trial does not repeat: its arms' search trials checked correctness
+# and counted kernels.
+NOT_IN_H2H = ("correctness_compile", "correctness", "kernels")
+
+
+def _h2h_arm_s(r: dict[str, Any]) -> float:
+    """Seconds one arm adds to a head-to-head process: its search trial's process time less
+    what the head-to-head does not repeat."""
+    phases = r.get("phase_s") or {}
+    spared = sum(float(phases.get(k) or 0.0) for k in NOT_IN_H2H)
+    return max(1.0, float(r.get("process_wall_s") or 0.0) - spared)
+
+
+def head_to_head_cost(leader: dict[str, Any], challenger: dict[str, Any]) -> float:
+    """Seconds a head-to-head trial of two measured variants should take: both arms in one
+    process, which starts once. Session 6's bert-base tune: arms of 62 and 41 s (99 and 55 s
+    with their correctness checks), one start of 10 s; the trial took 73 s."""
+    start = min(float((r.get("phase_s") or {}).get("start") or 0.0) for r in (leader, challenger))
+    return _h2h_arm_s(leader) + _h2h_arm_s(challenger) - start
+
+
+def head_to_head_reserve(
+    results: list[dict[str, Any]],
+    budget_s: float,
+    eager: dict[str, Any] | None = None,
+    allow_precision: set[str] | frozenset[str] = frozenset(),
+) -> float:
+    """Seconds to keep for the head-to-head stage as the search stands: the current leader
+    against each challenger (select.finalists), at most H2H_RESERVE_SHARE of the budget.
+    Before two variants are measured, twice the one measured (or four eager processes).
+    Session 6's bert-base tune kept the two slowest search trials' times (149 + 99 s, capped
+    at 150) where its head-to-head took 73 s, and skipped reduce-overhead+bf16, the eventual
+    best plain mode, for want of 13 s."""
+    final = finalists(results, eager, set(allow_precision)) if eager else []
+    if final:
+        need = sum(head_to_head_cost(final[0], c) for c in final[1:])
+    else:
+        measured = [
+            _h2h_arm_s(r)
+            for r in results
+            if r.get("status") == "ok" and r.get("variant") != "eager"
+        ]
+        if measured:
+            need = 2 * max(measured)
+        else:
+            base = eager or next((r for r in results if r.get("variant") == "eager"), {})
+            need = 4 * float(base.get("process_wall_s") or 30.0)
     return min(need, H2H_RESERVE_SHARE * budget_s)
 
 
@@ -243,8 +278,7 @@ def _head_to_head_stage(
     stage["leader"] = leader["variant"]
     specs = []
     for k, c in enumerate(challengers):
-        # Two compiles in one process, plus the trial's own overhead.
-        need = float(leader.get("process_wall_s") or 0) + float(c.get("process_wall_s") or 0)
+        need = head_to_head_cost(leader, c)
         if need > left() - FINAL_RESERVE_S:
             why = f"would not fit the budget (estimated {need:.0f} s, {left():.0f} s left)"
             stage["skipped"][c["variant"]] = why
@@ -422,7 +456,7 @@ def tune(
     def search_left() -> float:
         kept = FINAL_RESERVE_S
         if steps is None:  # the head-to-head stage runs only then
-            kept += head_to_head_reserve(results, budget_s)
+            kept += head_to_head_reserve(results, budget_s, eager, set(allow_precision))
         return left() - kept
 
     while pending:

@@ -176,7 +176,12 @@ def candidates(ev: Evidence) -> list[Candidate]:
                     compile_factor(mode, precision),
                 )
         add(f"eager+{precision}", f"{precision} without compilation", 8.0, 0.0)
-    out.sort(key=lambda c: c.priority)
+    # The primaries (default and reduce-overhead over the whole model, at the lead precision)
+    # before anything else, in the verdict's order: they are the plain modes a pick must not be
+    # slower than. Session 6's bert-base train tune (verdict balanced) ran default's regional
+    # and whole-step variants first (149 s for the latter) and then had no time for
+    # reduce-overhead+bf16, twice as fast as its pick.
+    out.sort(key=lambda c: (not c.primary, c.priority))
     return out
 
 
