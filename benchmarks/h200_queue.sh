@@ -150,8 +150,9 @@ phases-tune-infer | phases-tune-train)
   # modes at the pick's precision (max-autotune capped at 120 s: both training compiles ran
   # past 150 s in session 5) and plain default and reduce-overhead at fp32: about 19 minutes
   # (session 6's bert-base train: 1154 s), 22 at most. Then, alone on the host (short rows are
-  # host-bound, so a busy host would read slower), issue 6's kernels: their GPU tests and the
-  # bandwidth table, cut to the lease's deadline (DEADLINE_S, default 1650 s): about 25 minutes.
+  # host-bound, so a busy host would read slower), issue 6's kernels: their GPU tests, where a
+  # call's host time goes, and the bandwidth table, cut to the lease's deadline (DEADLINE_S,
+  # default 1650 s): about 25 minutes.
   # Issue 2's A/A (resolved in session 6) is plan session6's first step.
   step=${cmd#phases-tune-}
   nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
@@ -168,6 +169,7 @@ phases-tune-infer | phases-tune-train)
   wait
   (export CUDA_VISIBLE_DEVICES=0 DEADLINE_S=${DEADLINE_S:-1650}
     job kernels_tests 150 python3 -m pytest -q -m gpu tests/kernels
+    job kernel_host_path 90 python3 benchmarks/kernel_host_path.py --out "$ROOT/kernels"
     kb=$((DEADLINE_S - SECONDS - 50))
     ((kb > 280)) && kb=280
     job kernels $((kb + 50)) python3 benchmarks/bench_kernels.py --out "$ROOT/kernels" \
