@@ -332,7 +332,11 @@ def measure_trial(spec: TrialSpec, result: dict[str, Any], phases) -> None:
         "tf32": {"variant": variant.precision == "tf32", "baseline": baseline.precision == "tf32"},
         "precision": {"variant": variant.precision, "baseline": baseline.precision},
     }
+    # Its own phase: a trial's "start" took 10-14 s on a busy H200 host (session 6), and the
+    # environment (CUDA initialisation, nvidia-smi) is the suspect.
+    phases("environment")
     result["environment"] = collect_environment(spec.device)
+    phases("setup")
     for v in (variant, baseline):
         reason = v.backend.unsupported_reason(spec.device)
         if reason:

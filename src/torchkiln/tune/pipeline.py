@@ -139,11 +139,24 @@ def _h2h_arm_s(r: dict[str, Any]) -> float:
     return max(1.0, float(r.get("process_wall_s") or 0.0) - spared)
 
 
+# A trial process's start-up: interpreter and imports (process time not in the worker's wall
+# time), then the phases before the first build.
+START_PHASES = ("start", "environment", "setup")
+
+
+def _start_s(r: dict[str, Any]) -> float:
+    phases = r.get("phase_s") or {}
+    before = 0.0
+    if r.get("wall_s") is not None and r.get("process_wall_s") is not None:
+        before = max(0.0, float(r["process_wall_s"]) - float(r["wall_s"]))
+    return before + sum(float(phases.get(k) or 0.0) for k in START_PHASES)
+
+
 def head_to_head_cost(leader: dict[str, Any], challenger: dict[str, Any]) -> float:
     """Seconds a head-to-head trial of two measured variants should take: both arms in one
     process, which starts once. Session 6's bert-base tune: arms of 62 and 41 s (99 and 55 s
     with their correctness checks), one start of 10 s; the trial took 73 s."""
-    start = min(float((r.get("phase_s") or {}).get("start") or 0.0) for r in (leader, challenger))
+    start = min(_start_s(leader), _start_s(challenger))
     return _h2h_arm_s(leader) + _h2h_arm_s(challenger) - start
 
 
