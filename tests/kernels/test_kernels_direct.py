@@ -124,3 +124,35 @@ def test_the_direct_path_launches_inside_direct_launches(monkeypatch):
     bias_act_scale(x, torch.randn(8), "relu", 1.0)
     assert seen == [True, True, True]
     assert not getattr(_launch._state, "direct", False)
+
+
+class _OnDevice:
+    """Stands in for a CUDA tensor: the device guard reads only `.device`."""
+
+    def __init__(self, index: int) -> None:
+        self.device = torch.device("cuda", index)
+
+
+def test_the_device_guard_switches_only_to_another_gpu(monkeypatch):
+    import contextlib
+
+    from torchkiln.kernels import ops
+
+    switched = []
+    monkeypatch.setattr(ops, "_cuda_available", lambda: True)
+    monkeypatch.setattr(ops, "_current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", lambda i: switched.append(i) or "switch")
+    assert isinstance(ops._on_device_of(_OnDevice(0)), contextlib.nullcontext)
+    assert ops._on_device_of(_OnDevice(1)) == "switch" and switched == [1]
+    # A CPU tensor, or fake CUDA tensors on a machine without CUDA: nothing to switch.
+    assert isinstance(ops._on_device_of(torch.zeros(1)), contextlib.nullcontext)
+    monkeypatch.setattr(ops, "_cuda_available", lambda: False)
+    assert isinstance(ops._on_device_of(_OnDevice(1)), contextlib.nullcontext)
+    assert switched == [1]
+
+
+@pytest.mark.parametrize("a, b", [(1, 1), (4096, 2), (4097, 2), (7, 8), (8, 8), (9, 8)])
+def test_cdiv_rounds_up(a, b):
+    from torchkiln.kernels._launch import cdiv
+
+    assert cdiv(a, b) == -(-a // b) and (cdiv(a, b) - 1) * b < a <= cdiv(a, b) * b

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from torchkiln.kernels._launch import launchable, next_power_of_2
+from torchkiln.kernels._launch import cdiv, launchable, next_power_of_2
 
 ACT_CODES = {"relu": 0, "gelu": 1}
 # Tiles of up to 8 rows x 1024 columns (rows share one bias load). Forward: 4096 elements, 16 per
@@ -108,7 +108,7 @@ def bias_act_forward(x: torch.Tensor, bias: torch.Tensor, act: str, scale: float
         return y
     m = x.numel() // n
     block_m, block_n, num_warps = tile_config(n, FWD_TILE)
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    grid = (cdiv(m, block_m), cdiv(n, block_n))
     launchable(_bias_act_fwd)[grid](
         x, bias, y, m, n, float(scale),
         ACT=ACT_CODES[act], BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
@@ -134,11 +134,11 @@ def bias_act_backward(
         return dx, torch.zeros_like(bias)
     m = x.numel() // n
     block_m, block_n, num_warps = tile_config(n, BWD_TILE)
-    col_blocks = triton.cdiv(n, block_n)
-    row_blocks = triton.cdiv(m, block_m)
+    col_blocks = cdiv(n, block_n)
+    row_blocks = cdiv(m, block_m)
     groups = min(row_blocks, max(1, target_programs // col_blocks))
-    rows_per_prog = triton.cdiv(row_blocks, groups) * block_m
-    groups = triton.cdiv(m, rows_per_prog)
+    rows_per_prog = cdiv(row_blocks, groups) * block_m
+    groups = cdiv(m, rows_per_prog)
     partial = torch.empty((groups, n), dtype=torch.float32, device=x.device)
     launchable(_bias_act_bwd)[(groups, col_blocks)](
         x, bias, dy, dx, partial, m, n, rows_per_prog, float(scale),

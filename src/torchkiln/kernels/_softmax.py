@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from torchkiln.kernels._launch import launchable, next_power_of_2
+from torchkiln.kernels._launch import cdiv, launchable, next_power_of_2
 
 # A row up to this many elements is held in registers by one program: one read, one write. Longer
 # rows take the looped online-softmax kernel, which reads the row twice (the second read may be
@@ -204,7 +204,7 @@ def softmax_forward(
     common = (x, y, m_arg, m, n, h, q, *strides, float(scale))
     if n <= max_block_n:
         block_m, block_n, num_warps = block_config(n)
-        launchable(_softmax_fwd_block)[(triton.cdiv(m, block_m),)](
+        launchable(_softmax_fwd_block)[(cdiv(m, block_m),)](
             *common, MASK_KIND=kind, SAFE=safe, BLOCK_M=block_m, BLOCK_N=block_n,
             num_warps=num_warps,
         )  # fmt: skip
@@ -227,7 +227,7 @@ def softmax_backward(
     m = y.numel() // n
     if n <= max_block_n:
         block_m, block_n, num_warps = block_config(n)
-        launchable(_softmax_bwd_block)[(triton.cdiv(m, block_m),)](
+        launchable(_softmax_bwd_block)[(cdiv(m, block_m),)](
             y, dy, dx, m, n, float(scale), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps
         )
     else:

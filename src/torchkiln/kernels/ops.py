@@ -101,12 +101,25 @@ def _bias_act_backward_cpu(
 # The CPU branch also serves torch.compile on CPU tensors, where the body itself is traced.
 
 
+@functools.cache
+def _cuda_available() -> bool:
+    # Cached: torch.cuda.is_available() costs ~1 us, on every eager call (this repo's CPU host).
+    return torch.cuda.is_available()
+
+
+_current_device = getattr(torch._C, "_cuda_getDevice", None)
+
+
 def _on_device_of(t: Tensor) -> contextlib.AbstractContextManager:
-    # Triton launches on the *current* CUDA device; a tensor on another GPU needs it switched.
-    # (No CUDA at all: only fake CUDA tensors get here, and nothing is launched.)
-    if torch.cuda.is_available() and t.device.index is not None:
-        return torch.cuda.device(t.device.index)
-    return contextlib.nullcontext()
+    """Triton launches on the *current* CUDA device; a tensor on another GPU needs it switched.
+    (No CUDA at all: only fake CUDA tensors get here, and nothing is launched.) Already current,
+    the common case, it is left alone: entering torch.cuda.device costs a few us a call."""
+    index = t.device.index
+    if index is None or not _cuda_available():
+        return contextlib.nullcontext()
+    if _current_device is not None and _current_device() == index:
+        return contextlib.nullcontext()
+    return torch.cuda.device(index)
 
 
 def _softmax(x: Tensor) -> Tensor:
