@@ -117,7 +117,7 @@ def test_a_call_slower_on_the_host_than_its_timing_is_flagged_launch_bound(fake_
     arms = doc["results"][0]["arms"]
     # A 3 ms sleep per call is at least 3000 us on any machine, past 80% of the faked 2 ms.
     assert arms["kiln"]["host_us"] >= 3000 and arms["kiln"]["launch_bound"] is True
-    host_cell = bench.format_table(doc).splitlines()[2].split()[-1]  # the kiln host us column
+    host_cell = bench.format_table(doc).splitlines()[2].split()[-2]  # kiln host us, before looped
     assert host_cell.endswith("*") and int(host_cell[:-1]) >= 3000
 
 
@@ -183,3 +183,50 @@ def test_script_plot(fake_timer, tmp_path):
     script = _bench_script()
     script.plot(_script_doc(script), tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 0
+
+
+def test_alternative_kiln_implementations_are_measured_and_shown(fake_timer, monkeypatch):
+    real_build = _cases.build
+
+    def with_alternative(*args, **kwargs):
+        case = real_build(*args, **kwargs)
+        case.alternatives["kiln_loop"] = lambda: torch.softmax(case.args[0], -1)
+        case.alternatives["kiln_wrong"] = lambda: torch.zeros_like(case.reference)
+        return case
+
+    monkeypatch.setattr(_cases, "build", with_alternative)
+    doc = bench.sweep(["softmax"], ["fwd"], ["fp32"], 8, [16], with_compile=False, device="cpu")
+    arms = doc["results"][0]["arms"]
+    assert arms["kiln_loop"]["status"] == "ok" and arms["kiln_loop"]["gbps"] > 0
+    assert arms["kiln_wrong"]["status"].startswith("wrong result")  # checked like kiln's own
+    assert "looped" in bench.format_table(doc)
+
+
+@pytest.mark.parametrize(
+    "kernel, direction, launcher",
+    [("softmax", "fwd", "softmax_forward"), ("softmax", "bwd", "softmax_backward"),
+     ("masked_softmax", "fwd", "softmax_forward"), ("masked_softmax", "bwd", "softmax_backward")],
+)  # fmt: skip
+def test_the_looped_alternative_calls_the_looped_kernels(kernel, direction, launcher, monkeypatch):
+    pytest.importorskip("triton")
+    from torchkiln.kernels import _launch
+    from torchkiln.kernels import _softmax as ks
+
+    case = _cases.build(kernel, direction, torch.float32, 16, 64, device="cpu")
+    assert case.alternatives == {}  # added on a GPU only, and from LOOP_ARM_MIN_N columns
+    seen = []
+
+    def record(*args, **kwargs):
+        seen.append((args, kwargs, getattr(_launch._state, "direct", False)))
+
+    monkeypatch.setattr(ks, launcher, record)
+    _cases._looped(kernel, direction, case)()
+    ((args, kwargs, direct),) = seen
+    assert kwargs["max_block_n"] == ks.LOOP_BLOCK_N < ks.MAX_BLOCK_N and direct
+    assert args[0] is case.args[0]
+    if (kernel, direction) == ("masked_softmax", "fwd"):
+        scores, mask, scale = case.args
+        assert args[1].shape == scores.shape and args[2] == scale and kwargs["safe"]
+        assert torch.equal(args[1][:, 0], mask[:, 0].expand_as(args[1][:, 0]))
+    if direction == "bwd":
+        assert args[1] is case.args[1] and args[2] == case.args[2]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -51,6 +51,9 @@ class Case:
     args: tuple  # eager(*args) is the expression
     reference: Any  # the expression on the inputs upcast to fp32
     device: str
+    # Other kiln implementations of the same case, measured beside `kiln` (e.g. the looped
+    # softmax where the single-block kernel is the default), named as the arms they become.
+    alternatives: dict[str, Callable[[], Any]] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -85,10 +88,59 @@ def _upcast(arg: Any) -> Any:
     return arg.float() if is_float else arg
 
 
+# From this row length on, the looped online-softmax kernel is measured beside the single-block
+# one (kiln's default up to _softmax.MAX_BLOCK_N): at 32768 the single block reached 64-77% of
+# the copy ceiling on the H200 (session 6), one row per SM for want of registers.
+LOOP_ARM_MIN_N = 8192
+
+
 def build(
     kernel: str, direction: str, dtype: torch.dtype, rows: int, cols: int, device: str = "cuda"
 ) -> Case:
-    """Inputs and the three implementations of one case (seeded, so every run measures the same)."""
+    """Inputs and the three implementations of one case (seeded, so every run measures the same),
+    and on a GPU, for the softmax kernels' long rows, the looped kernel as an alternative."""
+    built = _build(kernel, direction, dtype, rows, cols, device)
+    if device == "cuda" and kernel != "bias_act_scale" and cols >= LOOP_ARM_MIN_N:
+        built.alternatives["kiln_loop"] = _looped(kernel, direction, built)
+    return built
+
+
+def _looped(kernel: str, direction: str, case: Case) -> Callable[[], Any]:
+    """The same case through the looped kernels (max_block_n below the row length)."""
+    from torchkiln.kernels import _softmax as ks
+    from torchkiln.kernels._launch import direct_launches
+    from torchkiln.kernels.ops import as_4d
+
+    loop = ks.LOOP_BLOCK_N
+    if direction == "bwd":
+        y, dy, scale = case.args
+
+        def bwd() -> Any:
+            with direct_launches():
+                return ks.softmax_backward(y, dy, scale, max_block_n=loop)
+
+        return bwd
+    if kernel == "softmax":
+        (x,) = case.args
+
+        def fwd() -> Any:
+            with direct_launches():
+                return ks.softmax_forward(x, max_block_n=loop)
+
+        return fwd
+    scores, mask, scale = case.args
+    m4 = as_4d(mask).expand(scores.shape)
+
+    def masked() -> Any:
+        with direct_launches():
+            return ks.softmax_forward(scores, m4, scale, safe=True, max_block_n=loop)
+
+    return masked
+
+
+def _build(
+    kernel: str, direction: str, dtype: torch.dtype, rows: int, cols: int, device: str
+) -> Case:
     from torchkiln.kernels import functional as F
     from torchkiln.kernels import ops
 

@@ -177,6 +177,8 @@ def sweep(
             "kiln": _measure_arm(case, case.kiln, warmup_ms, rep_ms),
             "eager": _measure_arm(case, lambda c=case: c.eager(*c.args), warmup_ms, rep_ms),
         }
+        for name, fn in case.alternatives.items():
+            arms[name] = _measure_arm(case, fn, warmup_ms, rep_ms)
         results.append({"kernel": kernel, "direction": direction, "dtype": dtype, "rows": rows,
                         "cols": n, "bytes": case.bytes, "copy": key, "arms": arms})  # fmt: skip
         log(f"{case.name}: kiln {_gbps(arms['kiln'])} GB/s, eager {_gbps(arms['eager'])}")
@@ -212,7 +214,7 @@ def _ratio(a: dict | None, b: dict | None) -> str:
 def format_table(doc: dict[str, Any]) -> str:
     """One line per measurement: GB/s of each implementation and kiln's ratios to them."""
     head = ["kernel", "dir", "dtype", "M x N", "kiln", "eager", "compile", "copy",
-            "kiln/copy", "kiln/eager", "kiln/compile", "kiln host us"]  # fmt: skip
+            "kiln/copy", "kiln/eager", "kiln/compile", "kiln host us", "looped"]  # fmt: skip
     lines = [head]
     for r in doc["results"]:
         arms, copy = r["arms"], doc["copy"].get(r["copy"])
@@ -221,13 +223,15 @@ def format_table(doc: dict[str, Any]) -> str:
         lines.append([r["kernel"], r["direction"], r["dtype"], f"{r['rows']}x{r['cols']}",
                       _gbps(kiln), _gbps(arms.get("eager")), _gbps(arms.get("compile")),
                       _gbps(copy), pct, _ratio(kiln, arms.get("eager")),
-                      _ratio(kiln, arms.get("compile")), _host(kiln)])  # fmt: skip
+                      _ratio(kiln, arms.get("compile")), _host(kiln),
+                      _gbps(arms.get("kiln_loop")) if "kiln_loop" in arms else "-"])  # fmt: skip
     widths = [max(len(str(row[i])) for row in lines) for i in range(len(head))]
     text = ["  ".join(str(c).rjust(w) for c, w in zip(row, widths, strict=True)) for row in lines]
     text.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(text) + (
         "\n(GB/s; each kernel's compulsory bytes over its do_bench median; host us: one call's"
-        " launch path on the host, * where it is at least 80% of the measured time)"
+        " launch path on the host, * where it is at least 80% of the measured time; looped:"
+        " kiln's looped online-softmax kernel at the same size, where measured)"
     )
 
 
