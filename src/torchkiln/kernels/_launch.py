@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from torchkiln.kernels import _fast_launch
+
 _state = threading.local()
 
 
@@ -32,14 +34,18 @@ class direct_launches:
 def launchable(kernel: Any) -> Any:
     """The kernel wrapped with `torch.library.wrap_triton`, so that a launch inside a `triton_op`
     is traced into the graph (Inductor then calls the kernel itself, no graph break); inside
-    `direct_launches` the kernel itself.
+    `direct_launches` the kernel itself (or, with the experimental fast launch on, a wrapper that
+    launches its compiled kernel directly).
 
     Under TRITON_INTERPRET=1 `@triton.jit` returns an InterpretedFunction, which torch 2.11 does
     not accept in wrap_triton (2.14 passes it through); interpreted kernels are only launched
     eagerly on CPU tensors by the tests, so they are launched as they are.
     """
-    if getattr(_state, "direct", False) or is_interpreted(kernel):
+    if is_interpreted(kernel):
         return kernel
+    if getattr(_state, "direct", False):
+        # Opt-in, experimental: see _fast_launch.
+        return _fast_launch.fast(kernel) if _fast_launch.fast_launch_enabled() else kernel
     return torch.library.wrap_triton(kernel)
 
 
