@@ -331,6 +331,7 @@ def _summarise(arms: list[_Arm], elements: np.ndarray, errors: Mapping[str, floa
                 eager_fallbacks=stats["eager_fallbacks"],
                 fallback_reasons=stats["fallback_reasons"],
                 recompiles_blocked=stats["recompiles_after_warmup"],
+                cold_first_hits=stats["cold_first_hits"],
                 warmup=arm.extra.get("warmup"),
             )
         out.append(row)
@@ -364,4 +365,14 @@ def render_table(result: Mapping[str, Any]) -> str:
             f"{r['latency_ms']['p99']:>9.2f}{comp:>10}{waste:>8}{falls:>7}  {r['setup_s']:.0f}s"
         )
     lines.append("compiles = during set-up / during replay; waste = padded over real elements")
+    cold = [
+        f"{r['arm']} {r['cold_first_hits']['buckets']} bucket(s), "
+        f"{r['cold_first_hits']['requests']} request(s)"
+        for r in result["arms"]
+        if (r.get("cold_first_hits") or {}).get("buckets")
+    ]
+    if cold:
+        lines.append(
+            "cold first hits after warm-up (over 3x the bucket's median): " + "; ".join(cold)
+        )
     return "\n".join(lines)

@@ -10,6 +10,12 @@ import numpy as np
 
 # Latency samples kept per bucket: enough for stable p99s, bounded for a long-running server.
 KEEP = 10_000
+# Each bucket's first hits after warm-up are kept apart: on an H200 (session 6) most of the
+# learned buckets' batch-1 graphs took 12-29 ms on their first two hits and 2-3 ms after,
+# which set the arm's p99. A first hit is "cold" when it is over COLD_FACTOR x the bucket's
+# median and at least COLD_MIN_MS slower.
+FIRST_HITS = 2
+COLD_FACTOR, COLD_MIN_MS = 3.0, 1.0
 
 
 def percentiles_ms(samples_s: Any) -> dict[str, float]:
@@ -35,6 +41,7 @@ class ServeStats:
         self.fallbacks: Counter[str] = Counter()
         self.last_fallback: dict[str, str] = {}
         self.latency: dict[str, deque[float]] = {}
+        self.first: dict[str, list[float]] = {}
         self.real = 0
         self.padded = 0
         self.recompile_attempts = 0
@@ -47,6 +54,9 @@ class ServeStats:
             self.real += real
             self.padded += padded
             self.latency.setdefault(label, deque(maxlen=KEEP)).append(seconds)
+            first = self.first.setdefault(label, [])
+            if len(first) < FIRST_HITS:
+                first.append(seconds)
 
     def record_eager(self, category: str, message: str, seconds: float) -> None:
         with self._lock:
@@ -74,6 +84,23 @@ class ServeStats:
                 "real_elements": self.real,
                 "padded_elements": self.padded,
                 "latency_ms": {k: percentiles_ms(v) for k, v in self.latency.items()},
+                "cold_first_hits": cold_first_hits(self.first, self.latency),
                 "recompiles_after_warmup": self.recompile_attempts,
                 "last_recompile": self.last_recompile,
             }
+
+
+def cold_first_hits(
+    first: dict[str, list[float]], latency: dict[str, deque[float]]
+) -> dict[str, Any]:
+    """Buckets whose first hits after warm-up ran far slower than their median: the cost a
+    warm-up left unpaid (a CUDA graph recorded again, a lazy initialisation)."""
+    cold, requests = {}, 0
+    for label, hits in first.items():
+        median_ms = float(np.median(np.asarray(latency[label], dtype=np.float64))) * 1e3
+        limit = max(COLD_FACTOR * median_ms, median_ms + COLD_MIN_MS)
+        slow = sum(1 for h in hits if h * 1e3 > limit)
+        if slow:
+            requests += slow
+            cold[label] = {"first_ms": [round(h * 1e3, 3) for h in hits], "median_ms": median_ms}
+    return {"buckets": len(cold), "requests": requests, "by_bucket": cold}
