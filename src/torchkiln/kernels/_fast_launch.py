@@ -25,6 +25,8 @@ from typing import Any
 import torch
 
 _state = {"enabled": os.environ.get("KILN_FAST_LAUNCH") == "1", "broken": None}
+# The current CUDA device's index, without torch.cuda.current_device()'s lazy-init check (the
+# launch paths using it hold CUDA tensors already); None on a torch without it.
 _current_device = getattr(torch._C, "_cuda_getDevice", None)
 
 

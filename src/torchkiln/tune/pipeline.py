@@ -154,8 +154,9 @@ def _start_s(r: dict[str, Any]) -> float:
 
 def head_to_head_cost(leader: dict[str, Any], challenger: dict[str, Any]) -> float:
     """Seconds a head-to-head trial of two measured variants should take: both arms in one
-    process, which starts once. Session 6's bert-base tune: arms of 62 and 41 s (99 and 55 s
-    with their correctness checks), one start of 10 s; the trial took 73 s."""
+    process, which starts once. Session 6's bert-base tune: arms of 66 and 44 s (99 and 55 s
+    with their correctness checks and kernel counts), starts of 15 and 16 s: 95 s estimated,
+    where the trial took 73 s."""
     start = min(_start_s(leader), _start_s(challenger))
     return _h2h_arm_s(leader) + _h2h_arm_s(challenger) - start
 
