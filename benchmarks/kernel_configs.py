@@ -1,0 +1,198 @@
+"""Which launch configuration each long-row softmax case should use (issue 6), measured.
+
+    PYTHONPATH=src python3 benchmarks/kernel_configs.py --out benchmarks/results/kernels-h200
+
+Session 7's bandwidth table left the forward softmax below 90% of the copy ceiling where rows
+are long: 4096 x 32768 at 71% (fp32) and 63% (bf16) with one 32-warp program per row, and the
+masked forward at 61-70% for 12672 and 16384 columns. This script times, for those shapes, the
+single-block kernel at several warp counts and the looped kernel at several chunk lengths and
+warp counts, each launched bare into a preallocated output, checked against torch.softmax, and
+timed with `triton.testing.do_bench` (median, L2 flushed) beside `dst.copy_(src)` in the same run.
+It also times bias_act_scale's forward with relu and with gelu at one size: if gelu is slower
+than relu at the same bytes, the erf GELU is compute-bound there and no launch choice fixes it.
+
+Results are written after every case (a cut run keeps what it measured), to
+DIR/kernel_configs.json with the environment; a table is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+ROWS = 4096
+# Longest rows first: they are the cases the table failed worst, so a cut run keeps them.
+COLS = (32768, 16384, 12672)
+BLOCK_WARPS = (8, 16, 32)
+LOOP_CONFIGS = ((2048, 4), (4096, 8), (4096, 16), (8192, 8), (8192, 16))
+TOL = {"fp32": 1e-4, "bf16": 3e-2}
+
+
+def _bench(fn: Any) -> float:
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=10, rep=40, quantiles=[0.5])[0])
+
+
+def _inputs(dtype: Any, cols: int, kind: str) -> dict[str, Any]:
+    import torch
+
+    from torchkiln.kernels import _softmax as ks
+    from torchkiln.kernels._cases import ATTN_SCALE, HEADS
+
+    gen = torch.Generator(device="cuda").manual_seed(cols)
+    q = ROWS // HEADS
+    x = torch.randn((1, HEADS, q, cols), generator=gen, device="cuda").to(dtype)
+    if kind == "none":
+        ref = torch.softmax(x.float(), -1)
+        common = (x, None, ROWS, cols, 1, 1, 0, 0, 0, 0, 1.0)
+        return {"x": x, "ref": ref, "common": common, "mask_kind": ks.MASK_NONE, "safe": False,
+                "mask_bytes": 0}  # fmt: skip
+    mask = torch.rand((1, 1, q, cols), generator=gen, device="cuda") < 0.9
+    z = (x.float() * ATTN_SCALE).masked_fill(~mask, float("-inf"))
+    ref = torch.softmax(z, -1)
+    m4 = mask.expand(x.shape)
+    common = (x, m4, ROWS, cols, HEADS, q, *m4.stride(), ATTN_SCALE)
+    return {"x": x, "ref": ref, "common": common, "mask_kind": ks.MASK_BOOL, "safe": True,
+            "mask_bytes": mask.numel()}  # fmt: skip
+
+
+def _arms(case: dict[str, Any], cols: int) -> list[tuple[str, Any]]:
+    import torch
+
+    from torchkiln.kernels import _softmax as ks
+    from torchkiln.kernels._launch import cdiv, next_power_of_2
+
+    x, m4, *rest = case["common"]
+    y = torch.empty_like(x)
+    case["y"] = y
+    m_arg = x if m4 is None else m4
+    args = (x, y, m_arg, *rest)
+    kw = {"MASK_KIND": case["mask_kind"], "SAFE": case["safe"]}
+    arms = []
+    for warps in BLOCK_WARPS:
+        block_n = next_power_of_2(cols)
+
+        def block(w: int = warps, bn: int = block_n) -> None:
+            ks._softmax_fwd_block[(cdiv(ROWS, 1),)](*args, **kw, BLOCK_M=1, BLOCK_N=bn,
+                                                   num_warps=w)  # fmt: skip
+
+        arms.append((f"block w{warps}", block))
+    for chunk, warps in LOOP_CONFIGS:
+
+        def loop(c: int = chunk, w: int = warps) -> None:
+            ks._softmax_fwd_loop[(ROWS,)](*args, **kw, BLOCK_N=c, num_warps=w)
+
+        arms.append((f"loop {chunk}/w{warps}", loop))
+    return arms
+
+
+def measure_softmax(dtype_name: str, cols: int, kind: str) -> dict[str, Any]:
+    import torch
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
+    case = _inputs(dtype, cols, kind)
+    x = case["x"]
+    nbytes = 2 * x.numel() * x.element_size() + case["mask_bytes"]
+    dst = torch.empty_like(x)
+    copy_ms = _bench(lambda: dst.copy_(x))
+    copy_gbps = 2 * x.numel() * x.element_size() / (copy_ms * 1e-3) / 1e9
+    out: dict[str, Any] = {"kernel": "softmax" if kind == "none" else "masked_softmax",
+                           "dtype": dtype_name, "rows": ROWS, "cols": cols, "bytes": nbytes,
+                           "copy_gbps": copy_gbps, "arms": {}}  # fmt: skip
+    for name, fn in _arms(case, cols):
+        try:
+            case["y"].zero_()
+            fn()
+            torch.cuda.synchronize()
+            err = (case["y"].float() - case["ref"]).abs().max().item()
+            if not err <= TOL[dtype_name]:
+                out["arms"][name] = {"status": f"wrong result (max error {err:.3g})"}
+                continue
+            ms = _bench(fn)
+        except Exception as exc:  # noqa: BLE001  (a config that fails to compile is reported)
+            out["arms"][name] = {"status": f"{type(exc).__name__}: {exc}"[:300]}
+            continue
+        gbps = nbytes / (ms * 1e-3) / 1e9
+        out["arms"][name] = {"status": "ok", "ms": ms, "gbps": gbps, "of_copy": gbps / copy_gbps}
+    return out
+
+
+def measure_bias_act(dtype_name: str, cols: int) -> dict[str, Any]:
+    import torch
+
+    from torchkiln.kernels import functional as F
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
+    x = torch.randn(ROWS, cols, device="cuda").to(dtype)
+    bias = torch.randn(cols, device="cuda").to(dtype)
+    dst = torch.empty_like(x)
+    copy_ms = _bench(lambda: dst.copy_(x))
+    nbytes = 2 * x.numel() * x.element_size() + bias.numel() * bias.element_size()
+    out: dict[str, Any] = {"kernel": "bias_act_scale", "dtype": dtype_name, "rows": ROWS,
+                           "cols": cols, "bytes": nbytes,
+                           "copy_gbps": 2 * x.numel() * x.element_size() / (copy_ms * 1e-3) / 1e9,
+                           "arms": {}}  # fmt: skip
+    for act in ("relu", "gelu"):
+        ms = _bench(lambda a=act: F.bias_act_scale(x, bias, a, 0.5))
+        gbps = nbytes / (ms * 1e-3) / 1e9
+        out["arms"][act] = {"status": "ok", "ms": ms, "gbps": gbps,
+                            "of_copy": gbps / out["copy_gbps"]}  # fmt: skip
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="folder for kernel_configs.json")
+    p.add_argument("--budget-s", type=float, default=600.0, help="stop starting cases after this")
+    args = p.parse_args(argv)
+
+    import torch
+
+    from torchkiln.measure.environment import collect
+
+    if not torch.cuda.is_available():
+        print("kernel_configs: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    doc: dict[str, Any] = {"schema": "kiln.kernel_configs/1", "environment": collect("cuda"),
+                           "results": [], "cut": []}  # fmt: skip
+    jobs: list[tuple[str, Any]] = [
+        (f"bias_act_scale {d} 4096x16384", lambda d=d: measure_bias_act(d, 16384))
+        for d in ("bf16", "fp32")
+    ]
+    for cols in COLS:
+        for kind in ("none", "bool"):
+            for d in ("fp32", "bf16"):
+                jobs.append((f"{kind} {d} {cols}",
+                             lambda d=d, c=cols, k=kind: measure_softmax(d, c, k)))  # fmt: skip
+    start = time.monotonic()
+    for name, job in jobs:
+        if time.monotonic() - start > args.budget_s:
+            doc["cut"].append(name)
+            continue
+        doc["results"].append(job())
+        print(f"[{time.monotonic() - start:6.1f}s] {name}", flush=True)
+        (out / "kernel_configs.json").write_text(json.dumps(doc, indent=2, default=str))
+    (out / "kernel_configs.json").write_text(json.dumps(doc, indent=2, default=str))
+    for r in doc["results"]:
+        cells = "  ".join(
+            f"{k} {a['gbps']:.0f} ({a['of_copy']:.0%})" if a["status"] == "ok" else f"{k} FAIL"
+            for k, a in r["arms"].items()
+        )
+        print(f"{r['kernel']:14s} {r['dtype']} {r['cols']:5d} copy {r['copy_gbps']:.0f}: {cells}")
+    if doc["cut"]:
+        print(f"cut by --budget-s: {', '.join(doc['cut'])}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
