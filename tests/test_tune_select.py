@@ -390,6 +390,27 @@ def test_the_search_keeps_time_for_the_head_to_head_stage():
     assert head_to_head_reserve(runs, 200, eager) == pytest.approx(H2H_RESERVE_SHARE * 200)
 
 
+def test_a_trial_capped_by_the_budget_stops_early_enough_to_keep_the_reserve():
+    """Session 7: a trial stopped exactly where the search's share ended overran it by the
+    seconds its stop took, and the head-to-head it left time for missed by about 1 s."""
+    from torchkiln.tune.pipeline import (
+        BUDGET_CAP_NOTE,
+        CAP_NOTE,
+        TRIAL_CAP_MIN_S,
+        TRIAL_STOP_S,
+        search_cap,
+    )
+
+    # Plenty of room: the trial's own cap (at least TRIAL_CAP_MIN_S).
+    assert search_cap(30.0, 400.0) == (TRIAL_CAP_MIN_S, CAP_NOTE)
+    # Room for less than its cap: it stops TRIAL_STOP_S before the search's share ends.
+    cap, why = search_cap(60.0, 87.0)
+    assert why == BUDGET_CAP_NOTE
+    assert cap == pytest.approx(87.0 - TRIAL_STOP_S)
+    # No room at all: a 1 s limit (the trial reports a timeout), never a negative one.
+    assert search_cap(60.0, 4.0) == (1.0, BUDGET_CAP_NOTE)
+
+
 def test_the_plain_modes_at_the_lead_precision_run_before_other_scopes():
     """Session 6's bert-base train tune (verdict balanced, bf16 allowed) measured default's
     regional and whole-step variants first and had no time left for reduce-overhead+bf16."""
