@@ -75,6 +75,15 @@ def test_pick_over_plain_inverts_the_paired_ratio_and_takes_the_closest_plain_mo
         "inductor:mode=max-autotune+bf16",
         "inductor:mode=max-autotune-no-cudagraphs+bf16",
     }
+    # Stopped in its correctness check after its timing: still a bar the pick must clear
+    # (the stricter comparison), and marked as unchecked.
+    kept = {**_trial("inductor:mode=max-autotune+bf16", 0.9, (0.8, 1.0), status="timeout"),
+            "measured_before_failure": True, "correctness": None}  # fmt: skip
+    out = s.pick_over_plain({"trials": [*doc["trials"][:2], kept]})
+    assert out["best_plain"] == "inductor:mode=max-autotune+bf16"
+    assert out["pick_over_best_plain"]["ratio"] == pytest.approx(1 / 0.9)
+    assert "not checked: timeout" in out["pick_over_best_plain"]["correctness"]
+    assert out["not_measured"] == {}
 
 
 def test_goals_judge_the_best_plain_mode_and_the_budget():

@@ -49,6 +49,23 @@ def test_abort_hang_and_raise_are_reported_while_the_others_finish(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_trial_stopped_in_its_correctness_check_keeps_its_step_times(tmp_path):
+    spec = TrialSpec(workload=f"{WL}:hangs_in_check", variant="eager", index=0, **FAST)
+    (r,) = run_trials([spec], tmp_path, timeout_s=20)
+    assert r["status"] == "timeout"
+    assert "during correctness" in r["reason"]
+    assert r["measured_before_failure"] is True
+    assert r["correctness"] is None
+    assert r["steady_ms"]["median"] > 0 and r["speedup"]["median"] > 0
+    assert any("correctness was not checked" in n for n in r["notes"])
+    # Shown in the report's table with its times, never as checked.
+    from torchkiln.report.table import rows
+
+    (row,) = rows({"trials": [r]})
+    assert row[1] == "timeout" and row[2] != "" and row[-1] == "not checked (stopped before)"
+
+
+@pytest.mark.slow
 def test_a_variant_that_perturbs_outputs_is_an_accuracy_fail(tmp_path, monkeypatch):
     monkeypatch.setenv("KILN_PLUGINS", str(FIX / "perturb_plugin.py"))
     import torchkiln.variants.base as vb

@@ -26,16 +26,20 @@ def trial_rows(doc: dict[str, Any]) -> list[dict[str, str]]:
     be = (doc.get("selection") or {}).get("break_even_steps") or {}
     rows = []
     for r in doc["trials"]:
-        ok = r["status"] in ("ok", "accuracy_fail")
+        # A trial stopped after its timing (runner.launch) shows what it measured beside why.
+        ok = r["status"] in ("ok", "accuracy_fail") or bool(r.get("measured_before_failure"))
         b = be.get(r["variant"])
+        failed = r["status"] not in ("ok", "accuracy_fail")
         rows.append(
             {
                 "variant": r["variant"],
-                "status": r["status"] if ok else f"{r['status']}: {r.get('reason') or ''}",
+                "status": f"{r['status']}: {r.get('reason') or ''}" if failed else r["status"],
                 "step ms [95% CI]": fmt_ms(r.get("steady_ms")) if ok else "",
                 "speedup [95% CI]": fmt_speedup(r.get("speedup")) if ok else "",
                 "first call s": f"{r['first_call_s']:.1f}" if ok else "",
-                "break-even steps": ("never" if b is None else f"{b:.0f}") if ok else "",
+                "break-even steps": (
+                    ("never" if b is None else f"{b:.0f}") if ok and not failed else ""
+                ),
                 "peak GiB": fmt_memory(r.get("memory")) if ok else "",
                 "kernels/step": f"{r['kernels_per_step']:.0f}"
                 if ok and r.get("kernels_per_step") is not None

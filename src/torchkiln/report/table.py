@@ -46,6 +46,8 @@ def fmt_tflops(r: dict) -> str:
 
 def fmt_accuracy(r: dict) -> str:
     c = r.get("correctness")
+    if not c and r.get("measured_before_failure"):
+        return "not checked (stopped before)"
     if not c:
         return "-" if r.get("status") == "ok" else ""
     worst = c.get("worst_error_over_threshold")
@@ -56,7 +58,8 @@ def fmt_accuracy(r: dict) -> str:
 def rows(doc: dict[str, Any]) -> list[list[str]]:
     out = []
     for r in doc["trials"]:
-        if r["status"] not in ("ok", "accuracy_fail"):
+        # A trial stopped after its timing keeps its step times (runner.launch).
+        if r["status"] not in ("ok", "accuracy_fail") and not r.get("measured_before_failure"):
             out.append([r["variant"], r["status"], r.get("reason") or "", "", "", "", "", "", ""])
             continue
         kernels = r.get("kernels_per_step")

@@ -15,6 +15,7 @@ from typing import Any
 
 from torchkiln.runner.autotune_log import autotune_rounds, describe
 from torchkiln.runner.trial import TrialSpec, base_result
+from torchkiln.runner.worker import partial_path
 
 STDERR_TAIL_CHARS = 4000
 
@@ -52,7 +53,7 @@ def _spawn(
     spec_path = trial_dir / f"{mode}-spec.json"
     result_path = trial_dir / f"{mode}-result.json"
     phase_path = trial_dir / f"{mode}-phase.txt"
-    for p in (result_path, phase_path):
+    for p in (result_path, phase_path, partial_path(result_path)):
         p.unlink(missing_ok=True)
     spec_path.write_text(spec.to_json())
     cmd = [sys.executable, "-m", "torchkiln.runner.worker", mode]
@@ -138,7 +139,7 @@ def run_trial(
         why = f"no result after {timeout_s:.0f} s (during {phase})"
         if rounds:
             why += f"; by then {describe(rounds)}"
-        result = _failure(spec, "timeout", why)
+        result = _kept_measurement(trial_dir, _failure(spec, "timeout", why))
     elif result is None:
         if code is not None and code < 0:
             why = f"killed by {signal.Signals(-code).name} during {phase}"
@@ -146,7 +147,7 @@ def run_trial(
                 why += " (possibly the host's out-of-memory killer)"
         else:
             why = f"exited with code {code} during {phase} without writing a result"
-        result = _failure(spec, "crashed", why)
+        result = _kept_measurement(trial_dir, _failure(spec, "crashed", why))
     if rounds:
         result["autotune"] = rounds
     result["phase"] = result.get("phase") or phase
@@ -161,6 +162,33 @@ def run_trial(
 
 def _failure(spec: TrialSpec, status: str, reason: str) -> dict[str, Any]:
     return base_result(spec, status, reason)
+
+
+def _kept_measurement(trial_dir: Path, failure: dict[str, Any]) -> dict[str, Any]:
+    """A trial that timed out or crashed after its timing keeps the step times it measured
+    (what the worker saved before its correctness check), with the failure's status and reason:
+    never a pick (only `ok` trials are), but a comparison can still read it."""
+    path = partial_path(trial_dir / "trial-result.json")
+    if not path.exists():
+        return failure
+    try:
+        measured = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:  # a file cut mid-write by the kill
+        failure.setdefault("notes", []).append(f"its partial measurement was unreadable: {exc}")
+        return failure
+    notes = [*measured.get("notes", []), *failure.get("notes", [])]
+    notes.append(
+        f"{failure['status']} after its step times were measured: they are kept; its "
+        "correctness was not checked"
+    )
+    return {
+        **measured,
+        "status": failure["status"],
+        "reason": failure["reason"],
+        "notes": notes,
+        "correctness": None,
+        "measured_before_failure": True,
+    }
 
 
 def preflight(spec: TrialSpec, work_dir: Path, timeout_s: float) -> dict[str, Any]:

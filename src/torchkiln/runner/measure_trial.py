@@ -369,7 +369,9 @@ def measure_trial(spec: TrialSpec, result: dict[str, Any], phases) -> None:
     # 5. FLOPs of the math (counted on eager, the same for every variant) and % of peak.
     flops_and_peak(spec, variant, result, phases)
 
-    # 6. Correctness against eager at the same precision and an fp64 reference.
+    # 6. Correctness against eager at the same precision and an fp64 reference. A trial stopped
+    # during it (its second compile can be the slowest phase) still reports what it measured.
+    phases.save_partial(result)
     report = (
         check_correctness(spec, variant, first_outputs, dropout, phases)
         if spec.check_accuracy

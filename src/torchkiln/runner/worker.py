@@ -23,12 +23,20 @@ def write_json(path: str | Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def partial_path(result_path: str | Path) -> Path:
+    """Where a trial keeps what it has measured before its last phases (see Phases.save_partial)."""
+    p = Path(result_path)
+    return p.with_name(p.name.replace("-result.json", "-partial.json"))
+
+
 class Phases:
     """Writes the current phase to a file the parent polls (for progress and for saying where a
-    timeout or crash happened)."""
+    timeout or crash happened), and, with `partial`, what the trial measured before its
+    correctness check, so a trial stopped there keeps its step times."""
 
-    def __init__(self, path: str | None) -> None:
+    def __init__(self, path: str | None, partial: str | Path | None = None) -> None:
         self.path = path
+        self.partial = partial
         self.current = "start"
         self.started = time.perf_counter()
         self.seconds: dict[str, float] = {}
@@ -39,6 +47,12 @@ class Phases:
         self.current, self.started = name, now
         if self.path:
             Path(self.path).write_text(name)
+
+    def save_partial(self, result: dict[str, Any]) -> None:
+        # Session 7: bert-base's plain default+bf16 run had its step times measured, then ran
+        # past its 120 s in the correctness check's second compile, and reported nothing.
+        if self.partial:
+            write_json(self.partial, {**result, "phase_s": dict(self.seconds)})
 
 
 def classify_error(exc: BaseException, phase: str) -> str:
@@ -97,7 +111,7 @@ def main(argv: list[str]) -> int:
         return 0
     from torchkiln.runner.measure_trial import measure_trial
 
-    phases = Phases(phase_path)
+    phases = Phases(phase_path, partial_path(result_path))
     t0 = time.perf_counter()
     result: dict[str, Any] = base_result(spec)
     try:
