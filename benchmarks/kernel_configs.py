@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "src"))
 ROWS = 4096
 # Longest rows first: they are the cases the table failed worst, so a cut run keeps them.
 COLS = (32768, 16384, 12672)
-BLOCK_WARPS = (8, 16, 32)
+BLOCK_WARPS = (4, 8, 16, 32)
 LOOP_CONFIGS = ((2048, 4), (4096, 8), (4096, 16), (8192, 8), (8192, 16))
 TOL = {"fp32": 1e-4, "bf16": 3e-2}
 
@@ -38,7 +38,7 @@ TOL = {"fp32": 1e-4, "bf16": 3e-2}
 def _bench(fn: Any) -> float:
     from triton.testing import do_bench
 
-    return float(do_bench(fn, warmup=10, rep=40, quantiles=[0.5])[0])
+    return float(do_bench(fn, warmup=10, rep=40, quantiles=[0.5, 0.2])[0])
 
 
 def _inputs(dtype: Any, cols: int, kind: str) -> dict[str, Any]:
@@ -64,7 +64,7 @@ def _inputs(dtype: Any, cols: int, kind: str) -> dict[str, Any]:
             "mask_bytes": mask.numel()}  # fmt: skip
 
 
-def _arms(case: dict[str, Any], cols: int) -> list[tuple[str, Any]]:
+def _arms(case: dict[str, Any], cols: int, loops: bool = True) -> list[tuple[str, Any]]:
     import torch
 
     from torchkiln.kernels import _softmax as ks
@@ -77,15 +77,17 @@ def _arms(case: dict[str, Any], cols: int) -> list[tuple[str, Any]]:
     args = (x, y, m_arg, *rest)
     kw = {"MASK_KIND": case["mask_kind"], "SAFE": case["safe"]}
     arms = []
+    block_n = next_power_of_2(cols)
     for warps in BLOCK_WARPS:
-        block_n = next_power_of_2(cols)
+        if block_n // (32 * warps) < 1:  # fewer elements than threads
+            continue
 
         def block(w: int = warps, bn: int = block_n) -> None:
             ks._softmax_fwd_block[(cdiv(ROWS, 1),)](*args, **kw, BLOCK_M=1, BLOCK_N=bn,
                                                    num_warps=w)  # fmt: skip
 
         arms.append((f"block w{warps}", block))
-    for chunk, warps in LOOP_CONFIGS:
+    for chunk, warps in LOOP_CONFIGS if loops else ():
 
         def loop(c: int = chunk, w: int = warps) -> None:
             ks._softmax_fwd_loop[(ROWS,)](*args, **kw, BLOCK_N=c, num_warps=w)
@@ -94,7 +96,7 @@ def _arms(case: dict[str, Any], cols: int) -> list[tuple[str, Any]]:
     return arms
 
 
-def measure_softmax(dtype_name: str, cols: int, kind: str) -> dict[str, Any]:
+def measure_softmax(dtype_name: str, cols: int, kind: str, loops: bool = True) -> dict[str, Any]:
     import torch
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
@@ -107,7 +109,7 @@ def measure_softmax(dtype_name: str, cols: int, kind: str) -> dict[str, Any]:
     out: dict[str, Any] = {"kernel": "softmax" if kind == "none" else "masked_softmax",
                            "dtype": dtype_name, "rows": ROWS, "cols": cols, "bytes": nbytes,
                            "copy_gbps": copy_gbps, "arms": {}}  # fmt: skip
-    for name, fn in _arms(case, cols):
+    for name, fn in _arms(case, cols, loops):
         try:
             case["y"].zero_()
             fn()
@@ -152,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="folder for kernel_configs.json")
     p.add_argument("--budget-s", type=float, default=600.0, help="stop starting cases after this")
+    p.add_argument("--cols", type=int, nargs="+", default=list(COLS), help="row lengths")
+    p.add_argument("--no-loop", action="store_true", help="time the single-block kernel only")
+    p.add_argument("--no-bias-act", action="store_true", help="skip the relu/gelu comparison")
     args = p.parse_args(argv)
 
     import torch
@@ -168,12 +173,14 @@ def main(argv: list[str] | None = None) -> int:
     jobs: list[tuple[str, Any]] = [
         (f"bias_act_scale {d} 4096x16384", lambda d=d: measure_bias_act(d, 16384))
         for d in ("bf16", "fp32")
+        if not args.no_bias_act
     ]
-    for cols in COLS:
+    loops = not args.no_loop
+    for cols in args.cols:
         for kind in ("none", "bool"):
             for d in ("fp32", "bf16"):
-                jobs.append((f"{kind} {d} {cols}",
-                             lambda d=d, c=cols, k=kind: measure_softmax(d, c, k)))  # fmt: skip
+                job = lambda d=d, c=cols, k=kind: measure_softmax(d, c, k, loops)  # noqa: E731
+                jobs.append((f"{kind} {d} {cols}", job))
     start = time.monotonic()
     for name, job in jobs:
         if time.monotonic() - start > args.budget_s:

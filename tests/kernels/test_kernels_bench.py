@@ -117,7 +117,7 @@ def test_a_call_slower_on_the_host_than_its_timing_is_flagged_launch_bound(fake_
     arms = doc["results"][0]["arms"]
     # A 3 ms sleep per call is at least 3000 us on any machine, past 80% of the faked 2 ms.
     assert arms["kiln"]["host_us"] >= 3000 and arms["kiln"]["launch_bound"] is True
-    host_cell = bench.format_table(doc).splitlines()[2].split()[-3]  # kiln host us
+    host_cell = bench.format_table(doc).splitlines()[2].split()[-2]  # kiln host us, before looped
     assert host_cell.endswith("*") and int(host_cell[:-1]) >= 3000
 
 

@@ -47,7 +47,7 @@ def _ptxas_spills(compiled) -> int:
 
 
 def _softmax_fwd(dtype: str, n: int, mask_kind: int):
-    block_m, block_n, num_warps = _softmax.block_config(n)
+    block_m, block_n, num_warps = _softmax.block_config(n, masked=mask_kind != 0)
     signature = {"x_ptr": f"*{dtype}", "y_ptr": f"*{dtype}", **ROW_ARGS, **MASK_ARGS}
     consts = {
         "MASK_KIND": mask_kind,
@@ -68,6 +68,12 @@ def test_softmax_forward_compiles_without_spills(dtype, n):
 @pytest.mark.parametrize("mask_kind", [1, 2])
 def test_masked_softmax_forward_compiles(mask_kind):
     assert ".entry _softmax_fwd_block" in _softmax_fwd("fp16", 12672, mask_kind).asm["ptx"]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_masked_softmax_forward_at_16_warps_does_not_spill(dtype):
+    # block_config gives the masked forward 32 values per thread at 16384-element blocks.
+    assert _ptxas_spills(_softmax_fwd(dtype, 12672, mask_kind=1)) == 0
 
 
 def test_looped_and_backward_kernels_compile():
@@ -103,6 +109,10 @@ def test_block_configs_hold_16_values_per_thread():
     assert block_config(781) == (4, 1024, 8)
     assert block_config(12672) == (1, 16384, 32)
     assert block_config(32768) == (1, 32768, 32)
+    # The masked forward: 16 warps from 16384-element blocks up to the 32768 cap (measured).
+    assert block_config(8192, masked=True) == (1, 8192, 16)
+    assert block_config(12672, masked=True) == (1, 16384, 16)
+    assert block_config(32768, masked=True) == (1, 32768, 32)
     # bias_act: 16 values per thread forward, 8 backward, tiles of at most 8 rows.
     assert tile_config(256, _bias_act.FWD_TILE) == (8, 256, 4)
     assert tile_config(12672, _bias_act.FWD_TILE) == (4, 1024, 8)

@@ -102,21 +102,7 @@ def build(
     built = _build(kernel, direction, dtype, rows, cols, device)
     if device == "cuda" and kernel != "bias_act_scale" and cols >= LOOP_ARM_MIN_N:
         built.alternatives["kiln_loop"] = _looped(kernel, direction, built)
-    if device == "cuda" and direction == "fwd":
-        # The forward calls launch directly (functional.direct_call), where the experimental
-        # fast launch applies; the backward ones go through their ops.
-        built.alternatives["kiln_fast"] = _fast_launched(built.kiln)
     return built
-
-
-def _fast_launched(call: Callable[[], Any]) -> Callable[[], Any]:
-    from torchkiln.kernels._fast_launch import fast_launch
-
-    def fast() -> Any:
-        with fast_launch(True):
-            return call()
-
-    return fast
 
 
 def _looped(kernel: str, direction: str, case: Case) -> Callable[[], Any]:

@@ -7,8 +7,6 @@ from typing import Any
 
 import torch
 
-from torchkiln.kernels import _fast_launch
-
 _state = threading.local()
 
 
@@ -34,8 +32,9 @@ class direct_launches:
 def launchable(kernel: Any) -> Any:
     """The kernel wrapped with `torch.library.wrap_triton`, so that a launch inside a `triton_op`
     is traced into the graph (Inductor then calls the kernel itself, no graph break); inside
-    `direct_launches` the kernel itself (or, with the experimental fast launch on, a wrapper that
-    launches its compiled kernel directly).
+    `direct_launches` the kernel itself, launched through Triton's JIT. (An experimental fast
+    launch that kept each compiled kernel and launched it directly was measured slower on the
+    H200 and removed: docs/kernels.md.)
 
     Under TRITON_INTERPRET=1 `@triton.jit` returns an InterpretedFunction, which torch 2.11 does
     not accept in wrap_triton (2.14 passes it through); interpreted kernels are only launched
@@ -44,8 +43,7 @@ def launchable(kernel: Any) -> Any:
     if is_interpreted(kernel):
         return kernel
     if getattr(_state, "direct", False):
-        # Opt-in, experimental: see _fast_launch.
-        return _fast_launch.fast(kernel) if _fast_launch.fast_launch_enabled() else kernel
+        return kernel
     return torch.library.wrap_triton(kernel)
 
 

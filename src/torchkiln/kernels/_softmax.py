@@ -27,6 +27,8 @@ LOOP_BLOCK_N = 4096
 # 4096 x 256 softmax runs 512 programs of 8 rows rather than 4096 with idle lanes. 2048 below
 # 1024 columns: at 16 rows x 256 the masked kernel needed 198 registers (ptxas, sm_90), 80 at 8.
 ROW_TILE_SHORT, ROW_TILE = 2048, 4096
+# From this block width on (below MAX_BLOCK_N) the masked forward runs 16 warps: block_config.
+MASKED_WIDE_BLOCK_N = 16384
 
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
 
@@ -166,15 +168,20 @@ def _softmax_bwd_loop(y_ptr, dy_ptr, dx_ptr, M, N, scale, BLOCK_N: tl.constexpr)
         tl.store(dx_row + cols, dx.to(dx_ptr.dtype.element_ty), mask=inb)
 
 
-def block_config(n_cols: int) -> tuple[int, int, int]:
+def block_config(n_cols: int, masked: bool = False) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) of the single-block kernels for rows of `n_cols` elements.
 
     16 elements per thread (32 at the 32768 cap): enough independent 16-byte loads in flight to
-    cover DRAM latency without spilling; 32 warps is the most a program can have.
+    cover DRAM latency without spilling; 32 warps is the most a program can have. The masked
+    forward holds 32 per thread at 16 warps from 16384-element blocks on: on the H200 (session
+    7, benchmarks/kernel_configs.py) 16 warps gave 84% / 78% of the copy ceiling at 4096 x 16384
+    fp32 / bf16 against 70% / 69% at 32, and 73% / 67% against 60% / 58% at 12672; at 32768, 32
+    warps stayed ahead (77% against 72% fp32).
     """
     block_n = next_power_of_2(n_cols)
     block_m = max(1, (ROW_TILE_SHORT if block_n < 1024 else ROW_TILE) // block_n)
-    num_warps = min(32, max(4, block_m * block_n // 512))
+    most = 16 if masked and MASKED_WIDE_BLOCK_N <= block_n < MAX_BLOCK_N else 32
+    num_warps = min(most, max(4, block_m * block_n // 512))
     return block_m, block_n, num_warps
 
 
@@ -203,7 +210,7 @@ def softmax_forward(
         m_arg, h, q, strides = mask, mask.shape[1], mask.shape[2], tuple(mask.stride())
     common = (x, y, m_arg, m, n, h, q, *strides, float(scale))
     if n <= max_block_n:
-        block_m, block_n, num_warps = block_config(n)
+        block_m, block_n, num_warps = block_config(n, masked=kind != MASK_NONE)
         launchable(_softmax_fwd_block)[(cdiv(m, block_m),)](
             *common, MASK_KIND=kind, SAFE=safe, BLOCK_M=block_m, BLOCK_N=block_n,
             num_warps=num_warps,

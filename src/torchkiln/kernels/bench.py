@@ -214,8 +214,7 @@ def _ratio(a: dict | None, b: dict | None) -> str:
 def format_table(doc: dict[str, Any]) -> str:
     """One line per measurement: GB/s of each implementation and kiln's ratios to them."""
     head = ["kernel", "dir", "dtype", "M x N", "kiln", "eager", "compile", "copy",
-            "kiln/copy", "kiln/eager", "kiln/compile", "kiln host us", "looped",
-            "fast launch"]  # fmt: skip
+            "kiln/copy", "kiln/eager", "kiln/compile", "kiln host us", "looped"]  # fmt: skip
     lines = [head]
     for r in doc["results"]:
         arms, copy = r["arms"], doc["copy"].get(r["copy"])
@@ -225,23 +224,15 @@ def format_table(doc: dict[str, Any]) -> str:
                       _gbps(kiln), _gbps(arms.get("eager")), _gbps(arms.get("compile")),
                       _gbps(copy), pct, _ratio(kiln, arms.get("eager")),
                       _ratio(kiln, arms.get("compile")), _host(kiln),
-                      _gbps(arms.get("kiln_loop")) if "kiln_loop" in arms else "-",
-                      _fast(arms.get("kiln_fast"))])  # fmt: skip
+                      _gbps(arms.get("kiln_loop")) if "kiln_loop" in arms else "-"])  # fmt: skip
     widths = [max(len(str(row[i])) for row in lines) for i in range(len(head))]
     text = ["  ".join(str(c).rjust(w) for c, w in zip(row, widths, strict=True)) for row in lines]
     text.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(text) + (
         "\n(GB/s; each kernel's compulsory bytes over its do_bench median; host us: one call's"
         " launch path on the host, * where it is at least 80% of the measured time; looped:"
-        " kiln's looped online-softmax kernel at the same size, where measured; fast launch:"
-        " GB/s and host us with the experimental fast launch, forward calls)"
+        " kiln's looped online-softmax kernel at the same size, where measured)"
     )
-
-
-def _fast(arm: dict | None) -> str:
-    if not arm:
-        return "-"
-    return f"{_gbps(arm)}/{_host(arm)}" if arm.get("gbps") is not None else _gbps(arm)
 
 
 def _host(arm: dict | None) -> str:

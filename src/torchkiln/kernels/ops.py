@@ -22,7 +22,6 @@ import torch
 from torch import Tensor
 
 from torchkiln.errors import MissingExtraError, require
-from torchkiln.kernels._fast_launch import _current_device
 
 NAMESPACE = "kiln"
 
@@ -106,6 +105,11 @@ def _bias_act_backward_cpu(
 def _cuda_available() -> bool:
     # Cached: torch.cuda.is_available() costs ~1 us, on every eager call (this repo's CPU host).
     return torch.cuda.is_available()
+
+
+# The current CUDA device's index, without torch.cuda.current_device()'s lazy-init check (the
+# callers hold CUDA tensors already); None on a torch without it.
+_current_device = getattr(torch._C, "_cuda_getDevice", None)
 
 
 def _on_device_of(t: Tensor) -> contextlib.AbstractContextManager:
