@@ -170,9 +170,12 @@ phases-tune-infer | phases-tune-train)
   (export CUDA_VISIBLE_DEVICES=0 DEADLINE_S=${DEADLINE_S:-1650}
     job kernels_tests 150 python3 -m pytest -q -m gpu tests/kernels
     job kernel_host_path 90 python3 benchmarks/kernel_host_path.py --out "$ROOT/kernels"
-    # Warp counts of the shorter rows (session 7 measured 12672-32768): ~25 s.
-    job kernel_configs 90 python3 benchmarks/kernel_configs.py --out "$ROOT/kernels" \
-      --cols 8192 4096 2048 --no-loop --no-bias-act --budget-s 60
+    # Launch configurations: the long rows with the looped kernel's grid-stride variants (new
+    # after session 7), then the shorter rows' warp counts: ~50 s.
+    job kernel_configs 90 python3 benchmarks/kernel_configs.py --out "$ROOT/kernels/long" \
+      --no-bias-act --budget-s 60
+    job kernel_configs_short 60 python3 benchmarks/kernel_configs.py --out "$ROOT/kernels/short" \
+      --cols 8192 4096 2048 --no-loop --no-bias-act --budget-s 40
     kb=$((DEADLINE_S - SECONDS - 50))
     ((kb > 280)) && kb=280
     job kernels $((kb + 50)) python3 benchmarks/bench_kernels.py --out "$ROOT/kernels" \

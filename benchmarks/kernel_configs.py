@@ -6,8 +6,9 @@ Session 7's bandwidth table left the forward softmax below 90% of the copy ceili
 are long: 4096 x 32768 at 71% (fp32) and 63% (bf16) with one 32-warp program per row, and the
 masked forward at 61-70% for 12672 and 16384 columns. This script times, for those shapes, the
 single-block kernel at several warp counts and the looped kernel at several chunk lengths and
-warp counts, each launched bare into a preallocated output, checked against torch.softmax, and
-timed with `triton.testing.do_bench` (median, L2 flushed) beside `dst.copy_(src)` in the same run.
+warp counts (one program per row, or a few programs per SM taking rows in turn), each launched
+bare into a preallocated output, checked against torch.softmax, and timed with
+`triton.testing.do_bench` (median, L2 flushed) beside `dst.copy_(src)` in the same run.
 It also times bias_act_scale's forward with relu and with gelu at one size: if gelu is slower
 than relu at the same bytes, the erf GELU is compute-bound there and no launch choice fixes it.
 
@@ -32,6 +33,11 @@ ROWS = 4096
 COLS = (32768, 16384, 12672)
 BLOCK_WARPS = (4, 8, 16, 32)
 LOOP_CONFIGS = ((2048, 4), (4096, 8), (4096, 16), (8192, 8), (8192, 16))
+# The looped kernel with fewer programs than rows, each taking rows in turn: so many programs per
+# SM, (chunk, warps). One program per row put ~8 rows per SM in flight (1056 x 128 KB at fp32
+# 32768, far past the 50 MB L2), so the second read of a row went to DRAM: three passes' traffic
+# for two, and 58-69% of the copy (session 7).
+PERSISTENT = ((1, 8192, 16), (2, 8192, 16), (2, 4096, 8), (4, 4096, 8))
 TOL = {"fp32": 1e-4, "bf16": 3e-2}
 
 
@@ -93,6 +99,13 @@ def _arms(case: dict[str, Any], cols: int, loops: bool = True) -> list[tuple[str
             ks._softmax_fwd_loop[(ROWS,)](*args, **kw, BLOCK_N=c, num_warps=w)
 
         arms.append((f"loop {chunk}/w{warps}", loop))
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    for per_sm, chunk, warps in PERSISTENT if loops else ():
+
+        def persistent(c: int = chunk, w: int = warps, g: int = per_sm * sms) -> None:
+            ks._softmax_fwd_loop[(min(ROWS, g),)](*args, **kw, BLOCK_N=c, num_warps=w)
+
+        arms.append((f"loop {chunk}/w{warps} {per_sm}/SM", persistent))
     return arms
 
 

@@ -118,6 +118,9 @@ def test_looped_kernels_with_short_rows_gpu(dtype):
     x, dy = _randn((37, 781), dtype), _randn((37, 781), dtype, seed=1)
     y = _softmax.softmax_forward(x, max_block_n=128)
     assert_close(y, softmax_ref(x), dtype, "looped forward")
+    # Five programs taking the 37 rows in turn (the grid-stride form kernel_configs.py times).
+    y5 = _softmax.softmax_forward(x, max_block_n=128, loop_programs=5)
+    assert_close(y5, softmax_ref(x), dtype, "looped forward, 5 programs")
     dx = _softmax.softmax_backward(y, dy, 2.0, max_block_n=128)
     assert_close(dx, softmax_backward_ref(y, dy, 2.0), dtype, "looped backward")
 

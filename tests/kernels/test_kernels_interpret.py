@@ -55,6 +55,21 @@ def test_softmax_kernels_match_reference(interpreted, shape, dtype, path):
     assert_close(dx, softmax_backward_ref(y, dy, 0.5), dtype, "softmax backward")
 
 
+@pytest.mark.parametrize("programs", [1, 3])
+def test_looped_forward_with_fewer_programs_than_rows_covers_every_row(interpreted, programs):
+    # Each program takes rows pid, pid + grid, ...: 7 rows over 1 or 3 programs, masked too.
+    x = _randn((1, 1, 7, 50), torch.float32)
+    y = interpreted("_softmax", "softmax_forward", x, max_block_n=16, loop_programs=programs)
+    assert_close(y, softmax_ref(x), torch.float32, f"looped forward, {programs} programs")
+    mask = torch.ones(1, 1, 7, 50, dtype=torch.bool)
+    mask[0, 0, 4] = False  # a fully masked row, handled by a program's second or later turn
+    mask[0, 0, 2, 10:] = False
+    y = interpreted("_softmax", "softmax_forward", x, mask, 0.5, safe=True, max_block_n=16,
+                    loop_programs=programs)  # fmt: skip
+    assert_close(y, masked_softmax_ref(x, mask, 0.5), torch.float32, "looped masked forward")
+    assert torch.equal(y[0, 0, 4], torch.zeros(50))
+
+
 def test_softmax_kernel_row_of_neg_inf_is_nan_like_torch(interpreted):
     x = torch.zeros(3, 40)
     x[1] = float("-inf")

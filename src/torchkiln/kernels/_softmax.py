@@ -104,30 +104,34 @@ def _softmax_fwd_loop(
     MASK_KIND: tl.constexpr, SAFE: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     scale = tl.cast(scale, tl.float32)  # Inductor passes Python floats as fp64 (H200 run)
-    row = tl.program_id(0).to(tl.int64)
-    x_row = x_ptr + row * N
-    y_row = y_ptr + row * N
-    m_row = m_ptr + _mask_row_offset(row, H, Q, smb, smh, smq)
-    # Online softmax kept per lane (a running max and a sum rescaled to it), reduced once at the
-    # end: one pass to find max and sum, a second to write.
-    run_max = tl.full([BLOCK_N], float("-inf"), tl.float32)
-    run_sum = tl.zeros([BLOCK_N], tl.float32)
-    for start in range(0, N, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        inb = cols < N
-        z = _scores(x_row + cols, m_row + cols * smk, inb, inb, scale, MASK_KIND)
-        new_max = tl.maximum(run_max, z)
-        safe_max = _finite(new_max)
-        run_sum = run_sum * tl.exp(run_max - safe_max) + tl.exp(z - safe_max)
-        run_max = new_max
-    row_max = _finite(tl.max(run_max, axis=0))
-    inv = _inverse(tl.sum(run_sum * tl.exp(run_max - row_max), axis=0), SAFE)
-    for start in range(0, N, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        inb = cols < N
-        z = _scores(x_row + cols, m_row + cols * smk, inb, inb, scale, MASK_KIND)
-        y = tl.exp(z - row_max) * inv
-        tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=inb)
+    # Rows pid, pid + G, ... for a grid of G programs: one row each when G == M. A smaller grid
+    # keeps fewer rows in flight, so a row's second read may come from L2 (softmax_forward's
+    # `loop_programs`).
+    for r in range(tl.program_id(0), M, tl.num_programs(0)):
+        row = r + tl.full([], 0, tl.int64)  # int64 addressing (the interpreter gives an int)
+        x_row = x_ptr + row * N
+        y_row = y_ptr + row * N
+        m_row = m_ptr + _mask_row_offset(row, H, Q, smb, smh, smq)
+        # Online softmax kept per lane (a running max and a sum rescaled to it), reduced once at
+        # the end: one pass to find max and sum, a second to write.
+        run_max = tl.full([BLOCK_N], float("-inf"), tl.float32)
+        run_sum = tl.zeros([BLOCK_N], tl.float32)
+        for start in range(0, N, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            inb = cols < N
+            z = _scores(x_row + cols, m_row + cols * smk, inb, inb, scale, MASK_KIND)
+            new_max = tl.maximum(run_max, z)
+            safe_max = _finite(new_max)
+            run_sum = run_sum * tl.exp(run_max - safe_max) + tl.exp(z - safe_max)
+            run_max = new_max
+        row_max = _finite(tl.max(run_max, axis=0))
+        inv = _inverse(tl.sum(run_sum * tl.exp(run_max - row_max), axis=0), SAFE)
+        for start in range(0, N, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            inb = cols < N
+            z = _scores(x_row + cols, m_row + cols * smk, inb, inb, scale, MASK_KIND)
+            y = tl.exp(z - row_max) * inv
+            tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=inb)
 
 
 @triton.jit
@@ -191,12 +195,17 @@ def softmax_forward(
     scale: float = 1.0,
     safe: bool = False,
     max_block_n: int = MAX_BLOCK_N,
+    loop_block_n: int = LOOP_BLOCK_N,
+    loop_warps: int = 8,
+    loop_programs: int | None = None,
 ) -> torch.Tensor:
     """softmax(scale * x + mask) over the last dim of a contiguous `x`.
 
     `mask` is None, or a 4-D view already expanded to x's [B, H, Q, K] shape (zero strides where
     it broadcasts), bool (True = keep) or floating (added). `safe` gives zeros for rows with no
-    finite score. `max_block_n` lets tests reach the looped kernel with short rows.
+    finite score. `max_block_n` lets tests reach the looped kernel with short rows; the looped
+    kernel's chunk, warps and grid (`loop_programs` programs taking rows in turn; one per row
+    when None) are parameters so benchmarks/kernel_configs.py can time them.
     """
     n = x.shape[-1]
     y = torch.empty_like(x)
@@ -216,9 +225,10 @@ def softmax_forward(
             num_warps=num_warps,
         )  # fmt: skip
     else:
-        launchable(_softmax_fwd_loop)[(m,)](
-            *common, MASK_KIND=kind, SAFE=safe, BLOCK_N=min(LOOP_BLOCK_N, max_block_n),
-            num_warps=8,
+        grid = m if loop_programs is None else max(1, min(m, loop_programs))
+        launchable(_softmax_fwd_loop)[(grid,)](
+            *common, MASK_KIND=kind, SAFE=safe, BLOCK_N=min(loop_block_n, max_block_n),
+            num_warps=loop_warps,
         )  # fmt: skip
     return y
 
