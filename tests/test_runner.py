@@ -42,6 +42,8 @@ def test_abort_hang_and_raise_are_reported_while_the_others_finish(tmp_path):
     assert "planted failure in forward" in by_wl["raises"]["reason"]
     assert by_wl["tiny_mlp"]["status"] == "ok"
     assert by_wl["tiny_mlp"]["steady_ms"]["median"] > 0
+    # A finished trial leaves no partial result behind; the hung one had none to leave.
+    assert not list(tmp_path.glob("trials/*/trial-partial.json"))
     # Each result is on disk as soon as its trial ended.
     for spec in specs:
         saved = json.loads((tmp_path / "trials" / spec.id / "result.json").read_text())

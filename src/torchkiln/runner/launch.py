@@ -99,6 +99,8 @@ def _spawn(
     result = None
     if result_path.exists():
         result = json.loads(result_path.read_text())
+        # Whole results make the partial one redundant (it is read only after a timeout/crash).
+        partial_path(result_path).unlink(missing_ok=True)
     return result, proc.returncode, phase or "start", timed_out
 
 
