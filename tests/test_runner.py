@@ -68,6 +68,19 @@ def test_a_trial_stopped_in_its_correctness_check_keeps_its_step_times(tmp_path)
 
 
 @pytest.mark.slow
+def test_frozen_weights_run_for_inference_and_are_refused_for_training(tmp_path):
+    kw = {"device": "cpu", "preset": "tiny", "timeout_s": 300, "spec_overrides": FAST}
+    doc = bench("simple", ["inductor:freezing=true"], out=tmp_path / "infer", **kw)
+    (t,) = doc["trials"]
+    assert t["status"] == "ok", t.get("reason")
+    assert t["correctness"]["passed"]
+    doc = bench("simple", ["inductor:freezing=true"], step="train", out=tmp_path / "train", **kw)
+    (t,) = doc["trials"]
+    assert t["status"] == "unsupported"
+    assert "freezing=true applies to inference only" in t["reason"]
+
+
+@pytest.mark.slow
 def test_a_variant_that_perturbs_outputs_is_an_accuracy_fail(tmp_path, monkeypatch):
     monkeypatch.setenv("KILN_PLUGINS", str(FIX / "perturb_plugin.py"))
     import torchkiln.variants.base as vb

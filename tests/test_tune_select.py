@@ -253,12 +253,22 @@ def test_the_leader_is_refined_with_the_knobs_measured_only_apart():
         "inductor:dynamic=false,scope=step+bf16",
         "inductor:mode=max-autotune-no-cudagraphs,dynamic=false+bf16",
     ]
-    # Inference, no convolutions: only the autotuned mode; fp32 is autotuned by the plan itself.
+    # Inference, no convolutions: the weights frozen, then the autotuned mode; fp32 is autotuned
+    # by the plan itself.
     infer = Evidence(device="cuda", step="infer")
+    frozen = "inductor:mode=reduce-overhead,dynamic=false,freezing=true+bf16"
     assert [c.spec for c in refinements(ro_bf16, infer)] == [
-        "inductor:mode=max-autotune,dynamic=false+bf16"
+        frozen,
+        "inductor:mode=max-autotune,dynamic=false+bf16",
     ]
-    assert refinements("inductor:mode=reduce-overhead,dynamic=false", infer) == []
+    assert [c.spec for c in refinements("inductor:mode=reduce-overhead,dynamic=false", infer)] == [
+        "inductor:mode=reduce-overhead,dynamic=false,freezing=true"
+    ]
+    # Frozen already, it is not frozen again; training never is (it changes the weights).
+    assert [c.spec for c in refinements(frozen, infer)] == [
+        "inductor:mode=max-autotune,dynamic=false,freezing=true+bf16"
+    ]
+    assert not any("freezing" in c.spec for c in refinements(ro_bf16, ev))
     assert [c.spec for c in refinements("inductor:mode=max-autotune", ev)] == [
         "inductor:mode=max-autotune+channels_last"
     ]

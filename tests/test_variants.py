@@ -19,6 +19,7 @@ from torchkiln.variants.builtin import DYNAMIC, INDUCTOR_MODES
         "inductor:mode=reduce-overhead,fullgraph=true,scope=step+fp16",
         "cudagraphs:scope=step+tf32",
         "eager+bf16",
+        "inductor:mode=reduce-overhead,dynamic=false,freezing=true+bf16",
     ],
 )
 def test_canonical_specs_round_trip(spec):
@@ -117,3 +118,13 @@ def test_a_list_of_specs_splits_only_where_a_backend_name_follows_the_comma():
     assert split_variants("eager,,inductor") == ["eager", "inductor"]
     # A first piece that names no backend is kept, for parse_variant to refuse with the choices.
     assert split_variants("mode=fast,eager") == ["mode=fast", "eager"]
+
+
+def test_frozen_weights_ship_as_the_config_flag_with_the_mode_kept():
+    from torchkiln.tune.recommend import code
+
+    text = code("inductor:mode=reduce-overhead,freezing=true+bf16", "infer", "cuda")
+    assert "torch._inductor.config.freezing = True" in text
+    assert 'torch.compile(model, mode="reduce-overhead")' in text
+    assert "with torch.no_grad()" in text
+    assert "freezing" not in code("inductor:mode=reduce-overhead+bf16", "infer", "cuda")

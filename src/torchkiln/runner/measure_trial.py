@@ -339,6 +339,11 @@ def measure_trial(spec: TrialSpec, result: dict[str, Any], phases) -> None:
     phases("setup")
     for v in (variant, baseline):
         reason = v.backend.unsupported_reason(spec.device)
+        if getattr(v.backend, "freezing", False) and spec.step != "infer":
+            reason = (
+                f"{v.backend.name}: freezing=true applies to inference only (it folds the "
+                "weights into the graph as constants; a training step changes them)"
+            )
         if reason:
             result["status"], result["reason"] = "unsupported", reason
             return

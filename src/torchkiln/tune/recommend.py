@@ -48,6 +48,9 @@ def code(spec: str, step: str, device: str) -> str:
     name = v.backend.name
     scope = v.backend.scope
     args = _compile_args(v)
+    if getattr(v.backend, "freezing", False):
+        lines.insert(1, "import torch._inductor.config")
+        lines.append("torch._inductor.config.freezing = True  # inference: weights as constants")
     autocast = (
         f'torch.autocast("{dev}", dtype=torch.{"bfloat16" if v.precision == "bf16" else "float16"})'
         if v.precision in ("bf16", "fp16")
@@ -132,6 +135,11 @@ def reasons(best: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
         out.append("The whole training step, optimizer included, is compiled.")
     if v.channels_last:
         out.append("channels_last lets convolutions run without layout transposes.")
+    if getattr(v.backend, "freezing", False):
+        out.append(
+            "Freezing compiles the weights in as constants (a convolution's batch norm folded into "
+            "it); the model must not change after compilation."
+        )
     if v.changes_numerics:
         c = best.get("correctness") or {}
         out.append(

@@ -211,6 +211,11 @@ def refinements(leader_spec: str, ev: Evidence) -> list[Candidate]:
     if ev.convolutional and not v.channels_last:
         spec = parse_variant(leader_spec + "+channels_last").spec
         out.append(Candidate(spec, "the leader with channels_last", -100.0, factor))
+    if ev.step == "infer" and not v.backend.freezing and v.backend.scope != "step":
+        # Weights folded as constants: a convolution's batch norm disappears into it. Inference
+        # only; a recompile, so it costs what the leader's compile did.
+        spec = parse_variant(_add_knob(leader_spec, freezing="true")).spec
+        out.append(Candidate(spec, "the leader with its weights frozen (freezing)", -100.0, factor))
     # Not under CUDA graphs (see candidates: the whole step failed there on the H200).
     if ev.step == "train" and v.backend.scope == "model" and v.backend.mode == "default":
         spec = parse_variant(_add_knob(leader_spec, scope="step", fullgraph="false")).spec

@@ -50,6 +50,11 @@ class Inductor(Backend):
     fullgraph: bool = False
     dynamic: str = "auto"
     scope: str = "model"
+    # Inference only: Inductor folds the weights into the graph as constants (a convolution's
+    # batch norm folded into its weights, weights laid out ahead of time). Passed per compile,
+    # as the `options` of the mode plus {"freezing": True}, so two arms in one process do not
+    # share it; the code to ship sets torch._inductor.config.freezing.
+    freezing: bool = False
 
     def __post_init__(self) -> None:
         _choice(self.mode, INDUCTOR_MODES, "inductor: mode")
@@ -65,14 +70,20 @@ class Inductor(Backend):
 
         dynamic = {"auto": None, "true": True, "false": False}[self.dynamic]
         mode = None if self.mode == "default" else self.mode
+        how: dict[str, Any] = {"mode": mode}
+        if self.freezing:
+            # torch.compile takes a mode or options, not both: the mode's own options, plus one.
+            from torch._inductor import list_mode_options
+
+            how = {"options": {**(list_mode_options(mode) if mode else {}), "freezing": True}}
         if self.scope == "regions":
             # Each repeated block is compiled on its own; Dynamo reuses one compiled graph for
             # every instance with the same structure, so compile time is roughly one block's.
             blocks = repeated_blocks(fn)
             for block in blocks:
-                block.compile(mode=mode, fullgraph=self.fullgraph, dynamic=dynamic)
+                block.compile(**how, fullgraph=self.fullgraph, dynamic=dynamic)
             return fn
-        return torch.compile(fn, mode=mode, fullgraph=self.fullgraph, dynamic=dynamic)
+        return torch.compile(fn, **how, fullgraph=self.fullgraph, dynamic=dynamic)
 
     def before_step(self) -> None:
         # Cudagraph trees reuse output buffers across replays; marking each step's start tells
