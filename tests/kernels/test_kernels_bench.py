@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import time
 from pathlib import Path
 
@@ -153,6 +154,14 @@ def test_goals_use_the_worst_size_and_fail_on_missing_numbers():
     compile_goal = goals["kiln >= 1.3x compile"]
     assert not compile_goal["passed"] and compile_goal["worst_at_n"] == 8192
     assert compile_goal["worst_ratio"] == pytest.approx(3900 / 3500)
+    # 1.3 x 3500 = 4550 GB/s is above the 4000 GB/s copy: no kernel reaches it at 8192; at 4096
+    # (1.3 x 2000 = 2600) it is reachable.
+    assert compile_goal["beyond_copy_n"] == [8192]
+    assert goals["kiln >= 0.9x copy"]["beyond_copy_n"] == []
+    doc["goals"] = script.check_goals(doc)
+    doc["environment"] = {}
+    line = next(x for x in script.summary(doc).splitlines() if x.lstrip().startswith("softmax"))
+    assert "above the copy ceiling at N = 8192" in line
 
     doc["results"][3] = result(8192, 3900.0, None)  # compile skipped for time
     compile_goal = {g["goal"]: g for g in script.check_goals(doc)}[
@@ -176,6 +185,17 @@ def test_script_summary_gives_every_goal_verdict(fake_timer):
     # no torch.compile numbers the compile goal cannot pass.
     assert len(text.splitlines()) == 1 + 6 and "kiln@4096" in text
     assert "FAIL kiln >= 1.3x compile (worst n/a)" in text
+
+
+def test_script_judges_a_saved_run_without_measuring(fake_timer, tmp_path, capsys):
+    script = _bench_script()
+    doc = _script_doc(script)
+    del doc["goals"]  # judged afresh from the numbers, as a run saved before a rule changed
+    path = tmp_path / "bench_kernels.json"
+    path.write_text(json.dumps(doc))
+    assert script.main(["--judge", str(path)]) == 0
+    judged = script.summary({**doc, "goals": script.check_goals(doc)})
+    assert capsys.readouterr().out.strip() == judged.strip()
 
 
 def test_script_plot(fake_timer, tmp_path):
