@@ -419,6 +419,14 @@ def test_a_trial_capped_by_the_budget_stops_early_enough_to_keep_the_reserve():
     assert cap == pytest.approx(87.0 - TRIAL_STOP_S)
     # No room at all: a 1 s limit (the trial reports a timeout), never a negative one.
     assert search_cap(60.0, 4.0) == (1.0, BUDGET_CAP_NOTE)
+    # A candidate the search lets start (its estimate within search_room) is never given less
+    # time than its estimate (a CPU tune once started eager+bf16 with a 1 s limit).
+    from torchkiln.tune.pipeline import search_room
+
+    for left in (5.0, 11.0, 40.0, 87.0, 400.0):
+        for need in (0.5, 8.0, 30.0, 77.0):
+            if need <= search_room(left):
+                assert search_cap(need, left)[0] >= need
 
 
 def test_the_plain_modes_at_the_lead_precision_run_before_other_scopes():

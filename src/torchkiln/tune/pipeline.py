@@ -115,10 +115,15 @@ def trial_cap_s(estimate_s: float) -> float:
     return max(TRIAL_CAP_MIN_S, TRIAL_CAP_FACTOR * estimate_s)
 
 
+def search_room(search_left_s: float) -> float:
+    """Seconds a search trial may still run: the search's share of the budget less the time
+    stopping a trial takes (TRIAL_STOP_S). A candidate whose estimate exceeds it is skipped."""
+    return search_left_s - TRIAL_STOP_S
+
+
 def search_cap(estimate_s: float, search_left_s: float) -> tuple[float, str]:
-    """A search trial's time limit and why: its own cap, or where the search's share of the
-    budget ends, less the time stopping the trial takes (TRIAL_STOP_S)."""
-    cap, room = trial_cap_s(estimate_s), max(1.0, search_left_s - TRIAL_STOP_S)
+    """A search trial's time limit and why: its own cap, or the search's room (search_room)."""
+    cap, room = trial_cap_s(estimate_s), max(1.0, search_room(search_left_s))
     return (cap, CAP_NOTE) if cap <= room else (room, BUDGET_CAP_NOTE)
 
 
@@ -494,11 +499,11 @@ def tune(
         batch = []
         while pending and len(batch) < len(slots):
             i, cand = pending.pop(0)
-            need = estimate(cand)
-            if need > search_left():
+            need, room = estimate(cand), search_room(search_left())
+            if need > room:
                 why = (
-                    f"would not fit the budget (estimated {need:.0f} s, {search_left():.0f} s "
-                    "left after the time kept for the final comparison and report)"
+                    f"would not fit the budget (estimated {need:.0f} s, {room:.0f} s left after "
+                    "the time kept for the final comparison and report)"
                 )
                 stages["search"]["skipped"][cand.spec] = why
                 events.skipped(cand.spec, why)
