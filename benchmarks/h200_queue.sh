@@ -149,10 +149,11 @@ phases-tune-infer | phases-tune-train)
   # and bert-base on GPU 1, each tune held to one GPU and a 10-minute budget, then the plain
   # modes at the pick's precision (max-autotune capped at 120 s: both training compiles ran
   # past 150 s in session 5) and plain default and reduce-overhead at fp32: about 19 minutes
-  # (session 6's bert-base train: 1154 s), 22 at most. Then, alone on the host (short rows are
-  # host-bound, so a busy host would read slower), issue 6's kernels: their GPU tests, where a
-  # call's host time goes, and the bandwidth table, cut to the lease's deadline (DEADLINE_S,
-  # default 1650 s): about 25 minutes.
+  # (session 6's bert-base train: 1154 s; session 7's: 1122 and 1211 s), 22 at most. Then,
+  # alone on the host (short rows are host-bound, so a busy host would read slower), issue 6's
+  # kernels: their GPU tests, where a call's host time goes (with a profile of each functional
+  # call), the launch configurations (kernel_configs.py) and the bandwidth table, cut to the
+  # lease's deadline (DEADLINE_S, default 1650 s): about 25 minutes.
   # Issue 2's A/A (resolved in session 6) is plan session6's first step.
   step=${cmd#phases-tune-}
   nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
