@@ -40,9 +40,7 @@ def launchable(kernel: Any) -> Any:
     not accept in wrap_triton (2.14 passes it through); interpreted kernels are only launched
     eagerly on CPU tensors by the tests, so they are launched as they are.
     """
-    if is_interpreted(kernel):
-        return kernel
-    if getattr(_state, "direct", False):
+    if getattr(_state, "direct", False) or is_interpreted(kernel):
         return kernel
     return torch.library.wrap_triton(kernel)
 

@@ -27,25 +27,25 @@ def trial_rows(doc: dict[str, Any]) -> list[dict[str, str]]:
     rows = []
     for r in doc["trials"]:
         # A trial stopped after its timing (runner.launch) shows what it measured beside why.
-        ok = r["status"] in ("ok", "accuracy_fail") or bool(r.get("measured_before_failure"))
+        shown = r["status"] in ("ok", "accuracy_fail") or bool(r.get("measured_before_failure"))
         b = be.get(r["variant"])
         failed = r["status"] not in ("ok", "accuracy_fail")
         rows.append(
             {
                 "variant": r["variant"],
                 "status": f"{r['status']}: {r.get('reason') or ''}" if failed else r["status"],
-                "step ms [95% CI]": fmt_ms(r.get("steady_ms")) if ok else "",
-                "speedup [95% CI]": fmt_speedup(r.get("speedup")) if ok else "",
-                "first call s": f"{r['first_call_s']:.1f}" if ok else "",
+                "step ms [95% CI]": fmt_ms(r.get("steady_ms")) if shown else "",
+                "speedup [95% CI]": fmt_speedup(r.get("speedup")) if shown else "",
+                "first call s": f"{r['first_call_s']:.1f}" if shown else "",
                 "break-even steps": (
-                    ("never" if b is None else f"{b:.0f}") if ok and not failed else ""
+                    ("never" if b is None else f"{b:.0f}") if shown and not failed else ""
                 ),
-                "peak GiB": fmt_memory(r.get("memory")) if ok else "",
+                "peak GiB": fmt_memory(r.get("memory")) if shown else "",
                 "kernels/step": f"{r['kernels_per_step']:.0f}"
-                if ok and r.get("kernels_per_step") is not None
+                if shown and r.get("kernels_per_step") is not None
                 else "-",
-                "TFLOP/s": fmt_tflops(r) if ok else "",
-                "accuracy": fmt_accuracy(r) if ok else "",
+                "TFLOP/s": fmt_tflops(r) if shown else "",
+                "accuracy": fmt_accuracy(r) if shown else "",
             }
         )
     return rows

@@ -120,7 +120,11 @@ def measure_rank(spec: TrialSpec, out: dict[str, Any], phases: Phases) -> None:
     torch.backends.cudnn.benchmark = spec.cudnn_benchmark  # as measure_trial sets it
     variant, baseline = parse_variant(spec.variant), parse_variant(spec.baseline)
     for v in (variant, baseline):
-        reason = v.backend.unsupported_reason(device) or dist_unsupported(v)
+        reason = (
+            v.backend.unsupported_reason(device)
+            or v.backend.step_unsupported_reason("train")
+            or dist_unsupported(v)
+        )
         if reason:
             raise UnsupportedVariant(reason)
     timer = StepTimer(device)

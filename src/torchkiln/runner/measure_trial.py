@@ -338,12 +338,9 @@ def measure_trial(spec: TrialSpec, result: dict[str, Any], phases) -> None:
     result["environment"] = collect_environment(spec.device)
     phases("setup")
     for v in (variant, baseline):
-        reason = v.backend.unsupported_reason(spec.device)
-        if getattr(v.backend, "freezing", False) and spec.step != "infer":
-            reason = (
-                f"{v.backend.name}: freezing=true applies to inference only (it folds the "
-                "weights into the graph as constants; a training step changes them)"
-            )
+        reason = v.backend.unsupported_reason(spec.device) or v.backend.step_unsupported_reason(
+            spec.step
+        )
         if reason:
             result["status"], result["reason"] = "unsupported", reason
             return

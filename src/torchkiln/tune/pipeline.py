@@ -115,6 +115,14 @@ def trial_cap_s(estimate_s: float) -> float:
     return max(TRIAL_CAP_MIN_S, TRIAL_CAP_FACTOR * estimate_s)
 
 
+# A search trial stopped where the search's share of the budget ends is given that share less
+# this: stopping it and collecting its result take seconds, which would otherwise come out of
+# the time kept for the head-to-head. Session 7's resnet50 and bert-base training tunes each
+# skipped their head-to-head for about 1 s after such a trial (estimated 144 s with 143 left
+# after the final reserve; 103 with 103).
+TRIAL_STOP_S = 10.0
+
+
 def search_room(search_left_s: float) -> float:
     """Seconds a search trial may still run: the search's share of the budget less the time
     stopping a trial takes (TRIAL_STOP_S). A candidate whose estimate exceeds it is skipped."""
@@ -131,12 +139,6 @@ def search_cap(estimate_s: float, search_left_s: float) -> tuple[float, str]:
 # (launch._kill_group), then selection and the reports. Session 5's tunes ended at 600.3 and
 # 601.2 s of a 600 s budget, their last trials given whatever was left.
 FINAL_RESERVE_S = 10.0
-# A search trial stopped where the search's share of the budget ends is given that share less
-# this: stopping it and collecting its result take seconds, which would otherwise come out of
-# the time kept for the head-to-head. Session 7's resnet50 and bert-base training tunes each
-# skipped their head-to-head for about 1 s after such a trial (estimated 144 s with 143 left
-# after the final reserve; 103 with 103).
-TRIAL_STOP_S = 10.0
 # The search leaves time for the head-to-head stage: two compiles in one process for each
 # challenger, estimated from the search's own trials, at most this share of the budget. In
 # session 5 bert-base's search spent the whole budget and the tie it left was settled by

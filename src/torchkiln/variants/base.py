@@ -51,6 +51,10 @@ class Backend:
             return f"the {self.name} backend needs a CUDA device, not {device!r}"
         return None
 
+    def step_unsupported_reason(self, step: str) -> str | None:
+        """Why this backend cannot run a `step` ("infer" or "train") step, or None."""
+        return None
+
     def before_step(self) -> None:
         """Called before each step (e.g. to mark a CUDA-graph step boundary)."""
 

@@ -61,6 +61,14 @@ class Inductor(Backend):
         _choice(self.dynamic, DYNAMIC, "inductor: dynamic")
         _choice(self.scope, INDUCTOR_SCOPES, "inductor: scope")
 
+    def step_unsupported_reason(self, step: str) -> str | None:
+        if self.freezing and step != "infer":
+            return (
+                f"{self.name}: freezing=true applies to inference only (it folds the weights "
+                "into the graph as constants; a training step changes them)"
+            )
+        return None
+
     @property
     def uses_cudagraphs(self) -> bool:
         return self.mode in CUDAGRAPH_MODES
