@@ -10,7 +10,10 @@ warp counts (one program per row, or a few programs per SM taking rows in turn),
 bare into a preallocated output, checked against torch.softmax, and timed with
 `triton.testing.do_bench` (median, L2 flushed) beside `dst.copy_(src)` in the same run.
 It also times bias_act_scale's forward with relu and with gelu at one size: if gelu is slower
-than relu at the same bytes, the erf GELU is compute-bound there and no launch choice fixes it.
+than relu at the same bytes, the erf GELU is compute-bound there and no launch choice fixes it
+(session 7: bf16 gelu 62% of the copy ceiling, relu 94%). Since session 8 both GELU kernels are
+timed, tl.erf and the erfc polynomial the 2-byte dtypes now take, with their max error against
+torch's fp32 gelu.
 
 Results are written after every case (a cut run keeps what it measured), to
 DIR/kernel_configs.json with the environment; a table is printed last.
@@ -144,6 +147,7 @@ def measure_bias_act(dtype_name: str, cols: int) -> dict[str, Any]:
     import torch
 
     from torchkiln.kernels import functional as F
+    from torchkiln.kernels._bias_act import ACT_CODES, GELU_POLY, bias_act_forward
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
     x = torch.randn(ROWS, cols, device="cuda").to(dtype)
@@ -155,11 +159,18 @@ def measure_bias_act(dtype_name: str, cols: int) -> dict[str, Any]:
                            "cols": cols, "bytes": nbytes,
                            "copy_gbps": 2 * x.numel() * x.element_size() / (copy_ms * 1e-3) / 1e9,
                            "arms": {}}  # fmt: skip
-    for act in ("relu", "gelu"):
-        ms = _bench(lambda a=act: F.bias_act_scale(x, bias, a, 0.5))
+    arms = {act: lambda a=act: F.bias_act_scale(x, bias, a, 0.5) for act in ("relu", "gelu")}
+    # The two GELU kernels side by side (the functional API picks by dtype: act_code).
+    for name, code in (("gelu tl.erf", ACT_CODES["gelu"]), ("gelu erfc polynomial", GELU_POLY)):
+        arms[name] = lambda c=code: bias_act_forward(x, bias, "gelu", 0.5, code=c)
+    ref = torch.nn.functional.gelu(x.float() + bias.float()) * 0.5
+    for name, fn in arms.items():
+        ms = _bench(fn)
         gbps = nbytes / (ms * 1e-3) / 1e9
-        out["arms"][act] = {"status": "ok", "ms": ms, "gbps": gbps,
-                            "of_copy": gbps / out["copy_gbps"]}  # fmt: skip
+        arm = {"status": "ok", "ms": ms, "gbps": gbps, "of_copy": gbps / out["copy_gbps"]}
+        if name != "relu":
+            arm["max_abs_error"] = (fn().float() - ref).abs().max().item()
+        out["arms"][name] = arm
     return out
 
 
@@ -170,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cols", type=int, nargs="+", default=list(COLS), help="row lengths")
     p.add_argument("--no-loop", action="store_true", help="time the single-block kernel only")
     p.add_argument("--no-bias-act", action="store_true", help="skip the relu/gelu comparison")
+    p.add_argument("--bias-act-only", action="store_true", help="only the relu/gelu comparison")
     args = p.parse_args(argv)
 
     import torch
@@ -189,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_bias_act
     ]
     loops = not args.no_loop
-    for cols in args.cols:
+    for cols in [] if args.bias_act_only else args.cols:
         for kind in ("none", "bool"):
             for d in ("fp32", "bf16"):
                 job = lambda d=d, c=cols, k=kind: measure_softmax(d, c, k, loops)  # noqa: E731

@@ -33,6 +33,9 @@ session 7's bandwidth table masked_softmax's forward took 82-99 us of host time 
 softmax's 29-33, and bf16 bias_act_scale 50-56 us against fp32's 30-33: unexplained, since the
 Python around the launch differs by a few views.
 
+Last, masked_softmax's forward layer by layer (masked_ladder; `--masked-only` runs just that),
+with the GPU idle and kept busy by a queued sleep kernel.
+
 Writes DIR/kernel_host_path.json (environment included) and prints a table last.
 """
 
@@ -53,13 +56,22 @@ CALLS, ROUNDS = 200, 7
 GRAPH_CALLS, GRAPH_REPLAYS = 20, 50
 
 
-def host_us(fn: Any) -> float:
-    """Median over ROUNDS of one call's host time, CALLS calls back to back, no sync inside."""
+# Cycles of torch.cuda._sleep that keep the GPU busy past one round of CALLS calls (~50 ms at
+# the H200's ~2 GHz; a round of the slowest layer is ~20 ms).
+BUSY_CYCLES = 100_000_000
+
+
+def host_us(fn: Any, busy: bool = False) -> float:
+    """Median over ROUNDS of one call's host time, CALLS calls back to back, no sync inside.
+    With `busy` a long sleep kernel is queued first, so every call launches behind queued work
+    rather than onto an idle GPU (does the launch cost depend on the GPU's state?)."""
     import torch
 
     rounds = []
     for _ in range(ROUNDS):
         torch.cuda.synchronize()
+        if busy:
+            torch.cuda._sleep(BUSY_CYCLES)
         t0 = time.perf_counter()
         for _ in range(CALLS):
             fn()
@@ -122,7 +134,7 @@ def measure(dtype_name: str, rows_n: int, cols: int) -> dict[str, Any]:
     x = torch.randn(rows_n, cols, device="cuda", dtype=dtype)
     ref = torch.softmax(x.float(), dim=-1).to(dtype)
     y = torch.empty_like(x)
-    block_m, block_n, warps = ks.block_config(cols)
+    block_m, block_n, warps = ks.forward_config(cols, False, x.element_size())
     grid = (triton.cdiv(rows_n, block_m),)
     args = (x, y, x, rows_n, cols, 1, 1, 0, 0, 0, 0, 1.0)
     consts = dict(MASK_KIND=ks.MASK_NONE, SAFE=False, BLOCK_M=block_m, BLOCK_N=block_n)
@@ -183,6 +195,88 @@ def measure(dtype_name: str, rows_n: int, cols: int) -> dict[str, Any]:
         "device_us": device,
         "device_gbps": {k: nbytes / (v * 1e-6) / 1e9 for k, v in device.items()},
     }
+
+
+def masked_ladder(dtype_name: str, rows_n: int = 4096, cols: int = 2048) -> list[dict]:
+    """masked_softmax's forward call, layer by layer, at the bench's attention shape: host us
+    per call with the GPU idle and busy. Session 7's table gave it 82-99 us of host time
+    against softmax's 29-33; session 8 (before this ladder) removed the four views the op body
+    built per call, and the ladder keeps that old path as a layer to compare."""
+    import torch
+    import triton
+
+    from torchkiln.kernels import _softmax as ks
+    from torchkiln.kernels import functional as F
+    from torchkiln.kernels import ops
+    from torchkiln.kernels._cases import ATTN_SCALE, HEADS
+    from torchkiln.kernels._launch import direct_launches
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
+    shape = (1, HEADS, rows_n // HEADS, cols)
+    scores = torch.randn(shape, device="cuda", dtype=dtype)
+    mask = torch.rand((1, 1, rows_n // HEADS, cols), device="cuda") < 0.9
+    y = torch.empty_like(scores)
+    block_m, block_n, warps = ks.forward_config(cols, True, scores.element_size())
+    grid = (triton.cdiv(rows_n, block_m),)
+    h, q, strides = ks.mask_layout(shape, mask)
+    args = (scores, y, mask, rows_n, cols, h, q, *strides, ATTN_SCALE)
+    consts = dict(MASK_KIND=ks.MASK_BOOL, SAFE=True, BLOCK_M=block_m, BLOCK_N=block_n)
+
+    def bare() -> None:
+        ks._softmax_fwd_block[grid](*args, **consts, num_warps=warps)
+
+    def bare_unmasked() -> None:
+        ks._softmax_fwd_block[grid](scores, y, scores, rows_n, cols, 1, 1, 0, 0, 0, 0, 1.0,
+                                    MASK_KIND=ks.MASK_NONE, SAFE=False, BLOCK_M=block_m,
+                                    BLOCK_N=block_n, num_warps=warps)  # fmt: skip
+
+    def launcher() -> None:
+        with direct_launches():
+            ks.softmax_forward(scores, mask, ATTN_SCALE, safe=True)
+
+    def launcher_with_views() -> None:  # the op body of sessions 5-7
+        s4 = scores.reshape(shape)
+        m4 = mask.reshape(mask.shape).expand(s4.shape)
+        with direct_launches():
+            ks.softmax_forward(s4, m4, ATTN_SCALE, safe=True).view(scores.shape)
+
+    def op_body() -> None:
+        with direct_launches():
+            ops._masked_softmax(scores, mask, ATTN_SCALE)
+
+    def checks_only() -> None:
+        real = ops._masked_softmax
+        ops._masked_softmax = lambda s, m, c: s
+        try:
+            F.masked_softmax(scores, mask, ATTN_SCALE)
+        finally:
+            ops._masked_softmax = real
+
+    layers = {
+        "torch.empty_like(scores)": lambda: torch.empty_like(scores),
+        "functional.softmax (4-D, no mask)": lambda: F.softmax(scores),
+        "functional.masked_softmax": lambda: F.masked_softmax(scores, mask, ATTN_SCALE),
+        "functional checks only": checks_only,
+        "op body (direct)": op_body,
+        "launcher, mask as given": launcher,
+        "launcher, session-7 views": launcher_with_views,
+        "bare kernel, masked": bare,
+        "bare kernel, no mask": bare_unmasked,
+    }
+    out = []
+    for name, fn in layers.items():
+        try:
+            fn()
+            row = {"layer": name, "dtype": dtype_name, "status": "ok", "host_us": host_us(fn)}
+            if name in ("functional.masked_softmax", "bare kernel, masked",
+                        "bare kernel, no mask"):  # fmt: skip
+                row["host_us_gpu_busy"] = host_us(fn, busy=True)
+            out.append(row)
+        except Exception as exc:  # noqa: BLE001  (reported; the other layers still measured)
+            out.append({"layer": name, "dtype": dtype_name, "status": f"{type(exc).__name__}: "
+                        f"{exc}"[:300]})  # fmt: skip
+    torch.cuda.synchronize()
+    return out
 
 
 PROFILE_CALLS, PROFILE_TOP = 500, 12
@@ -247,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=4096)
     p.add_argument("--cols", type=int, nargs="+", default=[2048, 32768])
     p.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    p.add_argument("--masked-only", action="store_true",
+                   help="only the masked_softmax ladder (about 10 s)")  # fmt: skip
     args = p.parse_args(argv)
 
     import torch
@@ -256,12 +352,15 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("kernel_host_path: needs a CUDA GPU", file=sys.stderr)
         return 2
-    results = [measure(d, args.rows, c) for d in args.dtypes for c in args.cols]
-    calls = [c for d in args.dtypes for c in functional_calls(d)]
+    ladder = [row for d in args.dtypes for row in masked_ladder(d)]
+    results, calls = [], []
+    if not args.masked_only:
+        results = [measure(d, args.rows, c) for d in args.dtypes for c in args.cols]
+        calls = [c for d in args.dtypes for c in functional_calls(d)]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"schema": "kiln.kernel_host_path/2", "environment": collect("cuda"), "results": results,
-           "functional_calls": calls}  # fmt: skip
+    doc = {"schema": "kiln.kernel_host_path/3", "environment": collect("cuda"), "results": results,
+           "functional_calls": calls, "masked_ladder": ladder}  # fmt: skip
     (out / "kernel_host_path.json").write_text(json.dumps(doc, indent=2, default=str))
     for r in results:
         print(f"\nsoftmax fwd {r['dtype']} {r['rows']}x{r['cols']}  block {r['block']}")
@@ -278,6 +377,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{c['call']} {c['dtype']} 4096x2048: {c['host_us']:.1f} us host; own us per call:")
         for f in c["profile"][:6]:
             print(f"  {f['own_us']:6.1f}  {f['function']}")
+    print("\nmasked_softmax fwd 4096x2048, host us per call (idle GPU | busy GPU)")
+    for row in ladder:
+        if row["status"] != "ok":
+            print(f"  {row['dtype']} {row['layer']:36s} {row['status']}")
+            continue
+        busy = f" | {row['host_us_gpu_busy']:6.1f}" if "host_us_gpu_busy" in row else ""
+        print(f"  {row['dtype']} {row['layer']:36s} {row['host_us']:6.1f}{busy}")
     return 0
 
 

@@ -47,7 +47,8 @@ def _ptxas_spills(compiled) -> int:
 
 
 def _softmax_fwd(dtype: str, n: int, mask_kind: int):
-    block_m, block_n, num_warps = _softmax.block_config(n, masked=mask_kind != 0)
+    itemsize = 4 if dtype == "fp32" else 2
+    block_m, block_n, num_warps = _softmax.forward_config(n, mask_kind != 0, itemsize)
     signature = {"x_ptr": f"*{dtype}", "y_ptr": f"*{dtype}", **ROW_ARGS, **MASK_ARGS}
     consts = {
         "MASK_KIND": mask_kind,
@@ -59,7 +60,7 @@ def _softmax_fwd(dtype: str, n: int, mask_kind: int):
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-@pytest.mark.parametrize("n", [256, 4096, 32768])
+@pytest.mark.parametrize("n", [256, 2048, 4096, 32768])
 def test_softmax_forward_compiles_without_spills(dtype, n):
     # The forward is what the bandwidth goal judges; a spill there costs local-memory traffic.
     assert _ptxas_spills(_softmax_fwd(dtype, n, mask_kind=0)) == 0
@@ -71,9 +72,11 @@ def test_masked_softmax_forward_compiles(mask_kind):
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_masked_softmax_forward_at_16_warps_does_not_spill(dtype):
-    # block_config gives the masked forward 32 values per thread at 16384-element blocks.
-    assert _ptxas_spills(_softmax_fwd(dtype, 12672, mask_kind=1)) == 0
+@pytest.mark.parametrize("n", [2048, 8192, 12672])
+def test_masked_softmax_forward_at_32_values_per_thread_does_not_spill(dtype, n):
+    # forward_config gives the masked forward 32 values per thread at 16384-element blocks, at
+    # 2048 (two rows a program), and for 2-byte dtypes at 4096-8192.
+    assert _ptxas_spills(_softmax_fwd(dtype, n, mask_kind=1)) == 0
 
 
 def test_looped_and_backward_kernels_compile():
@@ -86,17 +89,17 @@ def test_looped_and_backward_kernels_compile():
     _compile(_softmax._softmax_fwd_loop, fwd, consts, 8)
 
 
-@pytest.mark.parametrize("act", ["relu", "gelu"])
-def test_bias_act_kernels_compile_without_spills(act):
+@pytest.mark.parametrize("code", [0, 1, 2], ids=["relu", "gelu-erf", "gelu-erfc-polynomial"])
+def test_bias_act_kernels_compile_without_spills(code):
     fwd = {"x_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*bf16", **ROW_ARGS, "scale": "fp32"}
     block_m, block_n, warps = _bias_act.tile_config(12672, _bias_act.FWD_TILE)
-    consts = {"ACT": _bias_act.ACT_CODES[act], "BLOCK_M": block_m, "BLOCK_N": block_n}
+    consts = {"ACT": code, "BLOCK_M": block_m, "BLOCK_N": block_n}
     assert _ptxas_spills(_compile(_bias_act._bias_act_fwd, fwd, consts, warps)) == 0
     bwd = {"x_ptr": "*fp32", "b_ptr": "*fp32", "dy_ptr": "*fp32", "dx_ptr": "*fp32",
            "db_partial_ptr": "*fp32", **ROW_ARGS, "rows_per_prog": "i32",
            "scale": "fp32"}  # fmt: skip
     block_m, block_n, warps = _bias_act.tile_config(12672, _bias_act.BWD_TILE)
-    consts = {"ACT": _bias_act.ACT_CODES[act], "BLOCK_M": block_m, "BLOCK_N": block_n}
+    consts = {"ACT": code, "BLOCK_M": block_m, "BLOCK_N": block_n}
     assert _ptxas_spills(_compile(_bias_act._bias_act_bwd, bwd, consts, warps)) == 0
 
 
@@ -113,7 +116,35 @@ def test_block_configs_hold_16_values_per_thread():
     assert block_config(8192, masked=True) == (1, 8192, 16)
     assert block_config(12672, masked=True) == (1, 16384, 16)
     assert block_config(32768, masked=True) == (1, 32768, 32)
+    # The forward's measured exceptions: 32 values per thread at 2048 (two rows a program), and
+    # for the 2-byte masked forward at 4096 and 8192; the backward keeps block_config.
+    forward_config = _softmax.forward_config
+    assert forward_config(2048, masked=False, itemsize=4) == (2, 2048, 4)
+    assert forward_config(2048, masked=True, itemsize=2) == (2, 2048, 4)
+    assert forward_config(4096, masked=True, itemsize=4) == (1, 4096, 8)
+    assert forward_config(4096, masked=True, itemsize=2) == (1, 4096, 4)
+    assert forward_config(8192, masked=True, itemsize=2) == (1, 8192, 8)
+    assert forward_config(8192, masked=False, itemsize=2) == (1, 8192, 16)
+    assert forward_config(12672, masked=True, itemsize=2) == (1, 16384, 16)
     # bias_act: 16 values per thread forward, 8 backward, tiles of at most 8 rows.
     assert tile_config(256, _bias_act.FWD_TILE) == (8, 256, 4)
     assert tile_config(12672, _bias_act.FWD_TILE) == (4, 1024, 8)
     assert tile_config(12672, _bias_act.BWD_TILE) == (2, 1024, 8)
+
+
+def test_mask_layout_addresses_a_broadcast_mask_without_expanding_it():
+    import torch
+
+    # scores [B=2, H=3, Q=4, K=5]: a [K] mask is read once per row, a [B, 1, 1, K] padding mask
+    # once per batch, a [Q, K] causal mask once per query; size-1 dims get stride 0.
+    shape = (2, 3, 4, 5)
+    assert _softmax.mask_layout(shape, torch.ones(5, dtype=torch.bool)) == (3, 4, (0, 0, 0, 1))
+    assert _softmax.mask_layout(shape, torch.ones(2, 1, 1, 5)) == (3, 4, (5, 0, 0, 1))
+    assert _softmax.mask_layout(shape, torch.ones(4, 5)) == (3, 4, (0, 0, 5, 1))
+    full = torch.ones(2, 3, 4, 5)
+    assert _softmax.mask_layout(shape, full) == (3, 4, full.stride())
+    # An expanded view reads the same as the mask it came from.
+    padding = torch.ones(2, 1, 1, 5)
+    assert _softmax.mask_layout(shape, padding.expand(shape)) == (3, 4, (5, 0, 0, 1))
+    # Scores of fewer dims are read as [1, ..., Q, K].
+    assert _softmax.mask_layout((4, 5), torch.ones(4, 5)) == (1, 4, (0, 0, 5, 1))

@@ -14,6 +14,10 @@ import triton.language as tl
 from torchkiln.kernels._launch import cdiv, launchable, next_power_of_2
 
 ACT_CODES = {"relu": 0, "gelu": 1}
+# GELU through the erfc polynomial (_gelu_cdf) instead of tl.erf, for 2-byte dtypes: on the H200
+# the bf16 forward with tl.erf was compute-bound, 62% of the copy ceiling against relu's 94%
+# (session 7, benchmarks/kernel_configs.py), and Inductor's kernel the same.
+GELU_POLY = 2
 # Tiles of up to 8 rows x 1024 columns (rows share one bias load). Forward: 4096 elements, 16 per
 # thread at 8 warps; backward (two inputs and an fp32 accumulator): 2048. Sizes chosen with
 # ptxas -v for sm_90: these stay at 43-64 registers, no spills; 8192-element forward tiles took
@@ -25,13 +29,39 @@ TARGET_PROGRAMS = 1024
 
 
 @triton.jit
+def _gelu_cdf(z):
+    # Phi(z), the normal CDF, as 0.5 * erfc(|z| / sqrt(2)) on the negative side and one minus it
+    # on the positive: erfc by the Chebyshev-fitted exponential of Press et al. (Numerical
+    # Recipes, "erfcc"), fractional error below 1.2e-7 everywhere, no branch. Relative, so the
+    # negative tail, where Phi is tiny, keeps its precision (1 + erf cancels there). Exact GELU
+    # within fp32 rounding: for 2-byte outputs the extra error (the exp argument's, ~|z|^2 *
+    # 6e-8) is far below one output ulp. Constants are literals: Inductor copies this source.
+    a = tl.abs(z) * 0.7071067811865476
+    t = 1.0 / (1.0 + 0.5 * a)
+    p = 0.17087277
+    p = -0.82215223 + t * p
+    p = 1.48851587 + t * p
+    p = -1.13520398 + t * p
+    p = 0.27886807 + t * p
+    p = -0.18628806 + t * p
+    p = 0.09678418 + t * p
+    p = 0.37409196 + t * p
+    p = 1.00002368 + t * p
+    p = -1.26551223 + t * p
+    tail = 0.5 * t * tl.exp(p - a * a)
+    return tl.where(z >= 0.0, 1.0 - tail, tail)
+
+
+@triton.jit
 def _act(z, ACT: tl.constexpr):
     if ACT == 0:
         out = tl.maximum(z, 0.0)
-    else:
+    elif ACT == 1:
         # Exact (erf) GELU, as torch.nn.functional.gelu(approximate="none"). Constants are
         # literals: Inductor copies this source into its output, globals would not follow.
         out = 0.5 * z * (1.0 + tl.erf(z * 0.7071067811865476))
+    else:
+        out = z * _gelu_cdf(z)
     return out
 
 
@@ -40,11 +70,19 @@ def _act_grad(z, ACT: tl.constexpr):
     if ACT == 0:
         # 0 at z == 0, as torch's threshold_backward.
         g = tl.where(z > 0.0, 1.0, 0.0)
-    else:
+    elif ACT == 1:
         # Phi(z) + z * phi(z), with 1/sqrt(2) and 1/sqrt(2*pi).
         cdf = 0.5 * (1.0 + tl.erf(z * 0.7071067811865476))
         g = cdf + z * tl.exp(-0.5 * z * z) * 0.3989422804014327
+    else:
+        g = _gelu_cdf(z) + z * tl.exp(-0.5 * z * z) * 0.3989422804014327
     return g
+
+
+def act_code(act: str, itemsize: int) -> int:
+    """The kernels' ACT constexpr: gelu on 2-byte dtypes takes the erfc polynomial."""
+    code = ACT_CODES[act]
+    return GELU_POLY if code == ACT_CODES["gelu"] and itemsize == 2 else code
 
 
 @triton.jit
@@ -100,8 +138,11 @@ def tile_config(n_cols: int, tile: int) -> tuple[int, int, int]:
     return block_m, block_n, max(1, min(8, block_m * block_n // (32 * per_thread)))
 
 
-def bias_act_forward(x: torch.Tensor, bias: torch.Tensor, act: str, scale: float) -> torch.Tensor:
-    """act(x + bias) * scale; `x` contiguous [..., N], `bias` [N] of x's dtype."""
+def bias_act_forward(
+    x: torch.Tensor, bias: torch.Tensor, act: str, scale: float, code: int | None = None
+) -> torch.Tensor:
+    """act(x + bias) * scale; `x` contiguous [..., N], `bias` [N] of x's dtype. `code` forces
+    the kernel's ACT (benchmarks/kernel_configs.py times tl.erf against the polynomial)."""
     n = x.shape[-1]
     y = torch.empty_like(x)
     if x.numel() == 0:
@@ -111,7 +152,8 @@ def bias_act_forward(x: torch.Tensor, bias: torch.Tensor, act: str, scale: float
     grid = (cdiv(m, block_m), cdiv(n, block_n))
     launchable(_bias_act_fwd)[grid](
         x, bias, y, m, n, float(scale),
-        ACT=ACT_CODES[act], BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
+        ACT=act_code(act, x.element_size()) if code is None else code, BLOCK_M=block_m,
+        BLOCK_N=block_n, num_warps=num_warps,
     )  # fmt: skip
     return y
 
@@ -142,6 +184,7 @@ def bias_act_backward(
     partial = torch.empty((groups, n), dtype=torch.float32, device=x.device)
     launchable(_bias_act_bwd)[(groups, col_blocks)](
         x, bias, dy, dx, partial, m, n, rows_per_prog, float(scale),
-        ACT=ACT_CODES[act], BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps,
+        ACT=act_code(act, x.element_size()), BLOCK_M=block_m, BLOCK_N=block_n,
+        num_warps=num_warps,
     )  # fmt: skip
     return dx, partial.sum(0).to(bias.dtype)

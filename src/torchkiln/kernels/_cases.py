@@ -109,7 +109,6 @@ def _looped(kernel: str, direction: str, case: Case) -> Callable[[], Any]:
     """The same case through the looped kernels (max_block_n below the row length)."""
     from torchkiln.kernels import _softmax as ks
     from torchkiln.kernels._launch import direct_launches
-    from torchkiln.kernels.ops import as_4d
 
     loop = ks.LOOP_BLOCK_N
     if direction == "bwd":
@@ -129,11 +128,10 @@ def _looped(kernel: str, direction: str, case: Case) -> Callable[[], Any]:
 
         return fwd
     scores, mask, scale = case.args
-    m4 = as_4d(mask).expand(scores.shape)
 
     def masked() -> Any:
         with direct_launches():
-            return ks.softmax_forward(scores, m4, scale, safe=True, max_block_n=loop)
+            return ks.softmax_forward(scores, mask, scale, safe=True, max_block_n=loop)
 
     return masked
 

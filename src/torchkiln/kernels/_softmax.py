@@ -189,6 +189,31 @@ def block_config(n_cols: int, masked: bool = False) -> tuple[int, int, int]:
     return block_m, block_n, num_warps
 
 
+def forward_config(n_cols: int, masked: bool, itemsize: int) -> tuple[int, int, int]:
+    """block_config for the forward, with 32 values per thread (half the warps) where that
+    measured faster on the H200 (session 8, benchmarks/kernel_configs.py, 4096 rows, fraction of
+    the copy ceiling at 4 / 8 warps): 2048-element blocks, of every kind and dtype (softmax fp32
+    0.97 / 0.96, bf16 0.97 / 0.90; masked fp32 0.96 / 0.96, bf16 0.92 / 0.78), and the 2-byte
+    masked forward at 4096 (0.92 / 0.87) and 8192 (8 / 16 warps: 0.90 / 0.82), where the fp32
+    masked forward kept 16 per thread (4096: 0.94 / 0.97)."""
+    block_m, block_n, num_warps = block_config(n_cols, masked)
+    if block_n == 2048 or (masked and itemsize == 2 and block_n in (4096, 8192)):
+        num_warps = max(4, num_warps // 2)
+    return block_m, block_n, num_warps
+
+
+def mask_layout(shape: tuple[int, ...], mask: torch.Tensor) -> tuple[int, int, tuple[int, ...]]:
+    """(H, Q, strides) that address `mask` broadcast over scores of `shape` (1 to 4 dims, read
+    as [B, H, Q, K] aligned from the right, as broadcasting aligns them): a mask dimension of
+    size 1 gets stride 0. Arithmetic on shapes, so no view is built per call (the masked forward
+    built four, and spent 89 us a call on the H200's host against softmax's 28: session 8)."""
+    dims = (1, 1, 1, 1, *shape)[-4:]
+    mask_dims = (1, 1, 1, 1, *mask.shape)[-4:]
+    mask_strides = (0, 0, 0, 0, *mask.stride())[-4:]
+    strides = tuple(0 if d == 1 else s for d, s in zip(mask_dims, mask_strides, strict=True))
+    return dims[1], dims[2], strides
+
+
 def softmax_forward(
     x: torch.Tensor,
     mask: torch.Tensor | None = None,
@@ -201,8 +226,8 @@ def softmax_forward(
 ) -> torch.Tensor:
     """softmax(scale * x + mask) over the last dim of a contiguous `x`.
 
-    `mask` is None, or a 4-D view already expanded to x's [B, H, Q, K] shape (zero strides where
-    it broadcasts), bool (True = keep) or floating (added). `safe` gives zeros for rows with no
+    `mask` is None, or a tensor that broadcasts to x read as [B, H, Q, K] (mask_layout), bool
+    (True = keep) or floating (added). `safe` gives zeros for rows with no
     finite score. `max_block_n` lets tests reach the looped kernel with short rows; the looped
     kernel's chunk, warps and grid (`loop_programs` programs taking rows in turn; one per row
     when None) are parameters so benchmarks/kernel_configs.py can time them.
@@ -216,10 +241,11 @@ def softmax_forward(
         kind, m_arg, h, q, strides = MASK_NONE, x, 1, 1, (0, 0, 0, 0)
     else:
         kind = MASK_BOOL if mask.dtype == torch.bool else MASK_ADD
-        m_arg, h, q, strides = mask, mask.shape[1], mask.shape[2], tuple(mask.stride())
+        m_arg = mask
+        h, q, strides = mask_layout(x.shape, mask)
     common = (x, y, m_arg, m, n, h, q, *strides, float(scale))
     if n <= max_block_n:
-        block_m, block_n, num_warps = block_config(n, masked=kind != MASK_NONE)
+        block_m, block_n, num_warps = forward_config(n, kind != MASK_NONE, x.element_size())
         launchable(_softmax_fwd_block)[(cdiv(m, block_m),)](
             *common, MASK_KIND=kind, SAFE=safe, BLOCK_M=block_m, BLOCK_N=block_n,
             num_warps=num_warps,

@@ -62,11 +62,6 @@ def _softmax_backward_cpu(y: Tensor, dy: Tensor, scale: float) -> Tensor:
     return (yf * (dyf - (yf * dyf).sum(-1, keepdim=True)) * scale).to(y.dtype)
 
 
-def as_4d(t: Tensor) -> Tensor:
-    """Leading size-1 dims up to [batch, heads, q, k], as broadcasting aligns from the right."""
-    return t.reshape((1,) * (4 - t.dim()) + tuple(t.shape))
-
-
 def _masked_softmax_cpu(scores: Tensor, mask: Tensor | None, scale: float) -> Tensor:
     z = scores.float() * scale
     if mask is not None:
@@ -141,10 +136,9 @@ def _softmax_backward(y: Tensor, dy: Tensor, scale: float) -> Tensor:
 def _masked_softmax(scores: Tensor, mask: Tensor | None, scale: float) -> Tensor:
     if scores.device.type != "cuda":
         return _masked_softmax_cpu(scores, mask, scale)
-    s4 = as_4d(scores)
-    m4 = None if mask is None else as_4d(mask).expand(s4.shape)
+    # The launcher addresses the mask through its broadcast strides: no view is built here.
     with _on_device_of(scores):
-        return launchers()[0].softmax_forward(s4, m4, scale, safe=True).view(scores.shape)
+        return launchers()[0].softmax_forward(scores, mask, scale, safe=True)
 
 
 def _bias_act_scale(x: Tensor, bias: Tensor, act: str, scale: float) -> Tensor:
