@@ -23,7 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from torchkiln.kernels.bench import KERNELS, format_table, sweep
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from torchkiln.kernels.bench import KERNELS, format_table, sweep  # noqa: E402
 
 ROWS = 4096
 COLS = [256, 512, 1024, 2048, 4096, 8192, 12672, 16384, 32768]
