@@ -41,6 +41,14 @@ LOOP_CONFIGS = ((2048, 4), (4096, 8), (4096, 16), (8192, 8), (8192, 16))
 # 32768, far past the 50 MB L2), so the second read of a row went to DRAM: three passes' traffic
 # for two, and 58-69% of the copy (session 7).
 PERSISTENT = ((1, 8192, 16), (2, 8192, 16), (2, 4096, 8), (4, 4096, 8))
+# Session 8: none of those reached the single block's 71% at fp32 32768 (65-68%). The looped
+# kernel's L2 experiments (_softmax_fwd_loop's L2_HINTS and REVERSE), one program per row and
+# 1-2 per SM: (programs per SM or None for one per row, chunk, warps, hints, reverse).
+L2_EXPERIMENTS = tuple(
+    (per_sm, 8192, 16, hints, reverse)
+    for per_sm in (None, 1, 2)
+    for hints, reverse in ((True, False), (False, True), (True, True))
+)
 TOL = {"fp32": 1e-4, "bf16": 3e-2}
 
 
@@ -109,6 +117,16 @@ def _arms(case: dict[str, Any], cols: int, loops: bool = True) -> list[tuple[str
             ks._softmax_fwd_loop[(min(ROWS, g),)](*args, **kw, BLOCK_N=c, num_warps=w)
 
         arms.append((f"loop {chunk}/w{warps} {per_sm}/SM", persistent))
+    for per_sm, chunk, warps, hints, reverse in L2_EXPERIMENTS if loops else ():
+        grid = ROWS if per_sm is None else min(ROWS, per_sm * sms)
+
+        def experiment(c=chunk, w=warps, g=grid, h=hints, r=reverse) -> None:
+            ks._softmax_fwd_loop[(g,)](*args, **kw, BLOCK_N=c, L2_HINTS=h, REVERSE=r,
+                                       num_warps=w)  # fmt: skip
+
+        what = "+".join(n for n, on in (("hints", hints), ("reverse", reverse)) if on)
+        where = "" if per_sm is None else f" {per_sm}/SM"
+        arms.append((f"loop {chunk}/w{warps}{where} {what}", experiment))
     return arms
 
 

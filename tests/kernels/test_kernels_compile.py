@@ -85,8 +85,13 @@ def test_looped_and_backward_kernels_compile():
     _compile(_softmax._softmax_bwd_block, bwd, {"BLOCK_M": block_m, "BLOCK_N": block_n}, warps)
     _compile(_softmax._softmax_bwd_loop, bwd, {"BLOCK_N": _softmax.LOOP_BLOCK_N}, 8)
     fwd = {"x_ptr": "*fp32", "y_ptr": "*fp32", **ROW_ARGS, **MASK_ARGS, "m_ptr": "*fp32"}
-    consts = {"MASK_KIND": 2, "SAFE": True, "BLOCK_N": _softmax.LOOP_BLOCK_N}
+    consts = {"MASK_KIND": 2, "SAFE": True, "BLOCK_N": _softmax.LOOP_BLOCK_N,
+              "L2_HINTS": False, "REVERSE": False}  # fmt: skip
     _compile(_softmax._softmax_fwd_loop, fwd, consts, 8)
+    # The L2 experiments (cache hints, second pass reversed) reach the PTX.
+    hinted = {**consts, "L2_HINTS": True, "REVERSE": True}
+    ptx = _compile(_softmax._softmax_fwd_loop, fwd, hinted, 8).asm["ptx"]
+    assert "L2::evict_last" in ptx and "evict_first" in ptx and "st.global.cs" in ptx
 
 
 @pytest.mark.parametrize("code", [0, 1, 2], ids=["relu", "gelu-erf", "gelu-erfc-polynomial"])

@@ -121,6 +121,9 @@ def test_looped_kernels_with_short_rows_gpu(dtype):
     # Five programs taking the 37 rows in turn (the grid-stride form kernel_configs.py times).
     y5 = _softmax.softmax_forward(x, max_block_n=128, loop_programs=5)
     assert_close(y5, softmax_ref(x), dtype, "looped forward, 5 programs")
+    # The L2 experiments kernel_configs.py times (cache hints on the real hardware's loads).
+    yh = _softmax.softmax_forward(x, max_block_n=128, loop_l2_hints=True, loop_reverse=True)
+    assert_close(yh, softmax_ref(x), dtype, "looped forward, L2 hints, second pass reversed")
     dx = _softmax.softmax_backward(y, dy, 2.0, max_block_n=128)
     assert_close(dx, softmax_backward_ref(y, dy, 2.0), dtype, "looped backward")
 

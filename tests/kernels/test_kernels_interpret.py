@@ -70,6 +70,22 @@ def test_looped_forward_with_fewer_programs_than_rows_covers_every_row(interpret
     assert torch.equal(y[0, 0, 4], torch.zeros(50))
 
 
+@pytest.mark.parametrize("hints, reverse", [(True, False), (False, True), (True, True)])
+def test_looped_forward_l2_experiments_compute_the_same_softmax(interpreted, hints, reverse):
+    # The second pass from the row's end and the cache hints change the order of memory
+    # traffic only: a partial last chunk (50 = 3 x 16 + 2), a mask, a fully masked row.
+    x = _randn((1, 2, 3, 50), torch.float32)
+    mask = torch.ones(1, 1, 3, 50, dtype=torch.bool)
+    mask[0, 0, 1] = False
+    mask[0, 0, 2, :7] = False
+    kw = {"max_block_n": 16, "loop_l2_hints": hints, "loop_reverse": reverse}
+    y = interpreted("_softmax", "softmax_forward", x, **kw)
+    assert_close(y, softmax_ref(x), torch.float32, "looped forward, L2 experiments")
+    y = interpreted("_softmax", "softmax_forward", x, mask, 0.5, safe=True, **kw)
+    assert_close(y, masked_softmax_ref(x, mask, 0.5), torch.float32, "masked, L2 experiments")
+    assert torch.equal(y[0, :, 1], torch.zeros(2, 50))
+
+
 def test_softmax_kernel_row_of_neg_inf_is_nan_like_torch(interpreted):
     x = torch.zeros(3, 40)
     x[1] = float("-inf")

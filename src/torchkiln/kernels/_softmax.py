@@ -59,11 +59,23 @@ def _mask_row_offset(row, H, Q, smb, smh, smq):
 
 
 @triton.jit
-def _scores(x_ptrs, m_ptrs, inb, col_ok, scale, MASK_KIND: tl.constexpr):
+def _load_x(x_ptrs, inb, EVICT: tl.constexpr):
+    # EVICT: 0 the default policy, 1 keep in L2 (evict_last), 2 stream (evict_first).
+    if EVICT == 1:
+        x = tl.load(x_ptrs, mask=inb, other=0.0, eviction_policy="evict_last")
+    elif EVICT == 2:
+        x = tl.load(x_ptrs, mask=inb, other=0.0, eviction_policy="evict_first")
+    else:
+        x = tl.load(x_ptrs, mask=inb, other=0.0)
+    return x
+
+
+@triton.jit
+def _scores(x_ptrs, m_ptrs, inb, col_ok, scale, MASK_KIND: tl.constexpr, EVICT: tl.constexpr = 0):
     # scale * x (+ mask) in fp32; -inf past the row's end and where a bool mask is False.
     # Padding rows of the last block (past M) load as finite zeros, not -inf, so no lane ever
     # divides by zero there (they are never stored).
-    z = tl.load(x_ptrs, mask=inb, other=0.0).to(tl.float32) * scale
+    z = _load_x(x_ptrs, inb, EVICT).to(tl.float32) * scale
     if MASK_KIND == 1:
         keep = tl.load(m_ptrs, mask=inb, other=1) != 0
         z = tl.where(keep, z, float("-inf"))
@@ -102,11 +114,16 @@ def _softmax_fwd_block(
 def _softmax_fwd_loop(
     x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale,
     MASK_KIND: tl.constexpr, SAFE: tl.constexpr, BLOCK_N: tl.constexpr,
+    L2_HINTS: tl.constexpr = False, REVERSE: tl.constexpr = False,
 ):  # fmt: skip
     scale = tl.cast(scale, tl.float32)  # Inductor passes Python floats as fp64 (H200 run)
     # Rows pid, pid + G, ... for a grid of G programs: one row each when G == M. A smaller grid
     # keeps fewer rows in flight, so a row's second read may come from L2 (softmax_forward's
-    # `loop_programs`).
+    # `loop_programs`). Two experiments toward the same end, off by default until measured
+    # (benchmarks/kernel_configs.py): L2_HINTS keeps the first pass's reads in L2 (evict_last)
+    # and streams the second pass's reads and the stores (evict_first, .cs) so the output does
+    # not push the input out; REVERSE takes the second pass from the row's end, where the
+    # first pass's most recent reads are.
     for r in range(tl.program_id(0), M, tl.num_programs(0)):
         row = r + tl.full([], 0, tl.int64)  # int64 addressing (the interpreter gives an int)
         x_row = x_ptr + row * N
@@ -119,19 +136,26 @@ def _softmax_fwd_loop(
         for start in range(0, N, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
             inb = cols < N
-            z = _scores(x_row + cols, m_row + cols * smk, inb, inb, scale, MASK_KIND)
+            z = _scores(x_row + cols, m_row + cols * smk, inb, inb, scale, MASK_KIND,
+                        1 if L2_HINTS else 0)  # fmt: skip
             new_max = tl.maximum(run_max, z)
             safe_max = _finite(new_max)
             run_sum = run_sum * tl.exp(run_max - safe_max) + tl.exp(z - safe_max)
             run_max = new_max
         row_max = _finite(tl.max(run_max, axis=0))
         inv = _inverse(tl.sum(run_sum * tl.exp(run_max - row_max), axis=0), SAFE)
-        for start in range(0, N, BLOCK_N):
+        chunks = tl.cdiv(N, BLOCK_N)
+        for i in range(0, chunks):
+            start = ((chunks - 1 - i) if REVERSE else i) * BLOCK_N
             cols = start + tl.arange(0, BLOCK_N)
             inb = cols < N
-            z = _scores(x_row + cols, m_row + cols * smk, inb, inb, scale, MASK_KIND)
-            y = tl.exp(z - row_max) * inv
-            tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=inb)
+            z = _scores(x_row + cols, m_row + cols * smk, inb, inb, scale, MASK_KIND,
+                        2 if L2_HINTS else 0)  # fmt: skip
+            y = (tl.exp(z - row_max) * inv).to(y_ptr.dtype.element_ty)
+            if L2_HINTS:
+                tl.store(y_row + cols, y, mask=inb, cache_modifier=".cs")
+            else:
+                tl.store(y_row + cols, y, mask=inb)
 
 
 @triton.jit
@@ -223,14 +247,17 @@ def softmax_forward(
     loop_block_n: int = LOOP_BLOCK_N,
     loop_warps: int = 8,
     loop_programs: int | None = None,
+    loop_l2_hints: bool = False,
+    loop_reverse: bool = False,
 ) -> torch.Tensor:
     """softmax(scale * x + mask) over the last dim of a contiguous `x`.
 
     `mask` is None, or a tensor that broadcasts to x read as [B, H, Q, K] (mask_layout), bool
     (True = keep) or floating (added). `safe` gives zeros for rows with no
     finite score. `max_block_n` lets tests reach the looped kernel with short rows; the looped
-    kernel's chunk, warps and grid (`loop_programs` programs taking rows in turn; one per row
-    when None) are parameters so benchmarks/kernel_configs.py can time them.
+    kernel's chunk, warps, grid (`loop_programs` programs taking rows in turn; one per row
+    when None) and its L2 experiments (`loop_l2_hints`, `loop_reverse`) are parameters so
+    benchmarks/kernel_configs.py can time them.
     """
     n = x.shape[-1]
     y = torch.empty_like(x)
@@ -254,7 +281,7 @@ def softmax_forward(
         grid = m if loop_programs is None else max(1, min(m, loop_programs))
         launchable(_softmax_fwd_loop)[(grid,)](
             *common, MASK_KIND=kind, SAFE=safe, BLOCK_N=min(loop_block_n, max_block_n),
-            num_warps=loop_warps,
+            L2_HINTS=loop_l2_hints, REVERSE=loop_reverse, num_warps=loop_warps,
         )  # fmt: skip
     return y
 

@@ -1,0 +1,63 @@
+"""With several GPUs visible, kiln tune runs independent candidates at once, one per GPU.
+
+The GPUs are simulated: the pipeline is told two are visible and its trial runner is replaced by
+one that records which GPU each trial was pinned to and when it ran (the real runner sets
+CUDA_VISIBLE_DEVICES from that argument: tests/test_executors.py).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from tests_helpers import _trial
+from torchkiln.tune import pipeline
+
+
+def test_independent_candidates_run_at_once_one_per_gpu(tmp_path, monkeypatch):
+    calls: list[dict] = []
+    lock = threading.Lock()
+
+    def fake_run_trial(spec, trial_dir, *, timeout_s, gpu=None, on_phase=None, cache_dir=None):
+        start = time.monotonic()
+        time.sleep(0.3)  # long enough for a batch's trials to overlap
+        with lock:
+            calls.append(
+                {"variant": spec.variant, "index": spec.index, "gpu": gpu,
+                 "baseline": spec.baseline, "start": start, "end": time.monotonic()}
+            )  # fmt: skip
+        # Earlier candidates lead (2.0x, 1.99x, ...); head-to-head challengers lose.
+        speedup = 1.0 if spec.variant == "eager" else 2.0 - 0.01 * (spec.index % 50)
+        if spec.baseline != "eager":
+            speedup = 0.9
+        result = _trial(spec.variant, 10.0 / speedup, speedup, 0.0 if spec.index == 0 else 5.0)
+        result.update(id=spec.id, baseline=spec.baseline, process_wall_s=1.0)
+        return result
+
+    monkeypatch.setattr(pipeline, "run_trial", fake_run_trial)
+    monkeypatch.setattr(pipeline, "visible_gpus", lambda device: [0, 1])
+    monkeypatch.setattr(pipeline, "preflight", lambda *a, **k: {"ok": True})
+    monkeypatch.setattr(pipeline, "_profile_verdict", lambda spec, t: {"verdict": "balanced"})
+    monkeypatch.setattr(pipeline, "_graph_breaks", lambda spec, t: {"breaks": 0})
+
+    doc = pipeline.tune("simple", device="cpu", preset="tiny", budget_s=600, out=tmp_path / "t")
+
+    search = [c for c in calls if c["index"] > 0 and c["baseline"] == "eager"]
+    assert len(search) >= 4, calls
+    # Every search trial was pinned to one of the two GPUs, and both were used.
+    assert {c["gpu"] for c in search} == {0, 1}
+    # Trials that ran at the same time never shared a GPU, and some did run at the same time.
+    overlapping = [
+        (a, b)
+        for i, a in enumerate(search)
+        for b in search[i + 1 :]
+        if a["start"] < b["end"] and b["start"] < a["end"]
+    ]
+    assert overlapping, "no two search trials ran at once"
+    assert all(a["gpu"] != b["gpu"] for a, b in overlapping)
+    # The eager baseline ran first and alone (every candidate is compared with it).
+    eager = next(c for c in calls if c["index"] == 0)
+    assert all(c["start"] >= eager["end"] for c in calls if c is not eager)
+    # The tune still ends with a pick and the head-to-head of its finalists.
+    assert doc["selection"]["best"] is not None
+    assert (tmp_path / "t" / "report.html").exists()
