@@ -188,8 +188,9 @@ phases-tune-parallel)
   # What issue 5 has not yet seen on a GPU: one tune with both GPUs visible, so independent
   # candidates run at once, one per GPU (resnet50 inference, as session 8's one-GPU tune: 537 s,
   # 6 trials run, 13 skipped for time); then the plain modes at bf16 beside its pick. Then,
-  # alone on GPU 0, issue 6's kernels: GPU tests, the looped kernel's L2 experiments at the
-  # long rows (kernel_configs.py) and the bandwidth table, cut to DEADLINE_S (default 1650 s).
+  # alone on GPU 0, issue 6's kernels: GPU tests, the looped kernel's L2 experiments and the
+  # pieces kernel at the long rows (kernel_configs.py), and the bandwidth table, cut to
+  # DEADLINE_S (default 1650 s).
   nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
   (lscpu; echo "queue cpus: all") >"$ROOT/cpus.txt" 2>&1
   export DEADLINE_S=${DEADLINE_S:-1650}
@@ -197,8 +198,8 @@ phases-tune-parallel)
     --workloads resnet50 --steps infer --budget 10m --plain-timeout 120
   (export CUDA_VISIBLE_DEVICES=0
     job kernels_tests 150 python3 -m pytest -q -m gpu tests/kernels
-    job kernel_configs 120 python3 benchmarks/kernel_configs.py --out "$ROOT/kernels/long" \
-      --cols 32768 16384 --no-bias-act --budget-s 90
+    job kernel_configs 130 python3 benchmarks/kernel_configs.py --out "$ROOT/kernels/long" \
+      --no-bias-act --budget-s 100
     kb=$((DEADLINE_S - SECONDS - 50))
     ((kb > 280)) && kb=280
     job kernels $((kb + 50)) python3 benchmarks/bench_kernels.py --out "$ROOT/kernels" \

@@ -15,6 +15,10 @@ than relu at the same bytes, the erf GELU is compute-bound there and no launch c
 timed, tl.erf and the erfc polynomial the 2-byte dtypes now take, with their max error against
 torch's fp32 gelu.
 
+Session 8 added, for the next lease: the looped kernel's L2 experiments (cache hints, second
+pass reversed) and, where the row is not a power of two, the experimental kernel that holds it
+as power-of-two pieces (`_softmax_pieces`: 12,672 = 8,192 + 4,096 + 512 lanes instead of 16,384).
+
 Results are written after every case (a cut run keeps what it measured), to
 DIR/kernel_configs.json with the environment; a table is printed last.
 """
@@ -104,6 +108,16 @@ def _arms(case: dict[str, Any], cols: int, loops: bool = True) -> list[tuple[str
                                                    num_warps=w)  # fmt: skip
 
         arms.append((f"block w{warps}", block))
+    if block_n != cols:  # the row as power-of-two pieces (_softmax_pieces), 1% padding at 12672
+        from torchkiln.kernels import _softmax_pieces as kp
+
+        p0, p1, p2 = kp.pieces(cols)
+        for warps in (16, 32):
+
+            def pieces(w: int = warps) -> None:
+                kp._softmax_fwd_pieces[(ROWS,)](*args, **kw, P0=p0, P1=p1, P2=p2, num_warps=w)
+
+            arms.append((f"pieces w{warps}", pieces))
     for chunk, warps in LOOP_CONFIGS if loops else ():
 
         def loop(c: int = chunk, w: int = warps) -> None:

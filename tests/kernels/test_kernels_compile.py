@@ -16,7 +16,7 @@ triton = pytest.importorskip("triton")
 compiler = pytest.importorskip("triton.compiler")
 backends = pytest.importorskip("triton.backends.compiler")
 
-from torchkiln.kernels import _bias_act, _softmax  # noqa: E402
+from torchkiln.kernels import _bias_act, _softmax, _softmax_pieces  # noqa: E402
 
 SM90 = backends.GPUTarget("cuda", 90, 32)
 ROW_ARGS = {"M": "i32", "N": "i32"}
@@ -153,3 +153,24 @@ def test_mask_layout_addresses_a_broadcast_mask_without_expanding_it():
     assert _softmax.mask_layout(shape, padding.expand(shape)) == (3, 4, (5, 0, 0, 1))
     # Scores of fewer dims are read as [1, ..., Q, K].
     assert _softmax.mask_layout((4, 5), torch.ones(4, 5)) == (1, 4, (0, 0, 5, 1))
+
+
+def test_pieces_cover_a_row_with_at_most_three_powers_of_two():
+    assert _softmax_pieces.pieces(12672) == (8192, 4096, 512)  # 12,800 lanes: 1% padding
+    assert _softmax_pieces.pieces(16384) == (16384, 0, 0)
+    assert _softmax_pieces.pieces(12288) == (8192, 4096, 0)
+    assert _softmax_pieces.pieces(781) == (512, 256, 256)
+    for n in (3000, 12672, 20000, 32767):
+        p = _softmax_pieces.pieces(n)
+        assert sum(p) >= n and sum(p) - n < max(_softmax_pieces.MIN_PIECE, n // 8)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("mask_kind", [0, 1])
+def test_pieces_forward_at_12672_does_not_spill(dtype, mask_kind):
+    p0, p1, p2 = _softmax_pieces.pieces(12672)
+    signature = {"x_ptr": f"*{dtype}", "y_ptr": f"*{dtype}", **ROW_ARGS, **MASK_ARGS}
+    consts = {"MASK_KIND": mask_kind, "SAFE": mask_kind != 0, "P0": p0, "P1": p1, "P2": p2}
+    for warps in (16, 32):
+        compiled = _compile(_softmax_pieces._softmax_fwd_pieces, signature, consts, warps)
+        assert _ptxas_spills(compiled) == 0, (dtype, mask_kind, warps)

@@ -124,6 +124,10 @@ def test_looped_kernels_with_short_rows_gpu(dtype):
     # The L2 experiments kernel_configs.py times (cache hints on the real hardware's loads).
     yh = _softmax.softmax_forward(x, max_block_n=128, loop_l2_hints=True, loop_reverse=True)
     assert_close(yh, softmax_ref(x), dtype, "looped forward, L2 hints, second pass reversed")
+    # The experimental kernel that holds a row as power-of-two pieces (781 = 512 + 256 + 256).
+    from torchkiln.kernels._softmax_pieces import softmax_forward_pieces
+
+    assert_close(softmax_forward_pieces(x), softmax_ref(x), dtype, "pieces forward")
     dx = _softmax.softmax_backward(y, dy, 2.0, max_block_n=128)
     assert_close(dx, softmax_backward_ref(y, dy, 2.0), dtype, "looped backward")
 

@@ -86,6 +86,20 @@ def test_looped_forward_l2_experiments_compute_the_same_softmax(interpreted, hin
     assert torch.equal(y[0, :, 1], torch.zeros(2, 50))
 
 
+@pytest.mark.parametrize("shape", [(3, 129), (2, 3, 781)], ids=["3x129", "2x3x781"])
+def test_pieces_forward_matches_reference(interpreted, shape):
+    # The experimental kernel for rows that are not a power of two (_softmax_pieces): 129 is
+    # 128 + 1, 781 is 512 + 256 + a last piece of 256 partly past the row's end.
+    x = _randn(shape, torch.float32)
+    y = interpreted("_softmax_pieces", "softmax_forward_pieces", x)
+    assert_close(y, softmax_ref(x), torch.float32, f"pieces forward {shape}")
+    mask = torch.rand(shape[-2:], generator=torch.Generator().manual_seed(5)) < 0.8
+    mask[1] = False  # a fully masked row gives zeros
+    y = interpreted("_softmax_pieces", "softmax_forward_pieces", x, mask, 0.5, safe=True)
+    assert_close(y, masked_softmax_ref(x, mask, 0.5), torch.float32, f"pieces masked {shape}")
+    assert torch.equal(y[..., 1, :], torch.zeros_like(y[..., 1, :]))
+
+
 def test_softmax_kernel_row_of_neg_inf_is_nan_like_torch(interpreted):
     x = torch.zeros(3, 40)
     x[1] = float("-inf")
