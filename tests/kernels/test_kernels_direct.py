@@ -11,13 +11,14 @@ from kernels_reference import (
     assert_close,
     bias_act_ref,
     masked_softmax_ref,
+    softmax_backward_ref,
     softmax_ref,
 )
 from torch.overrides import TorchFunctionMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from torchkiln.kernels import bias_act_scale, masked_softmax, softmax
-from torchkiln.kernels.functional import direct_call, dispatch_free
+from torchkiln.kernels._direct import direct_call, dispatch_free
 
 
 class _PassThrough(TorchFunctionMode):
@@ -84,6 +85,14 @@ def test_direct_calls_on_the_gpu_match_the_references(dtype):
             "bias_act_scale (direct)",
             atol=GELU_ATOL,  # as test_kernels_gpu at the same scale
         )
+    # Eager training: the backward's formula runs the body directly (no grad mode inside it).
+    xg = x.detach().requires_grad_()
+    dy = torch.randn_like(x)
+    y = softmax(xg)
+    y.backward(dy)
+    with torch.no_grad():
+        assert direct_call(y, dy)
+    assert_close(xg.grad, softmax_backward_ref(y.detach(), dy, 1.0), dtype, "backward (direct)")
 
 
 def _kernel_body(x_ptr):  # a @triton.jit body; decorating needs no GPU
@@ -124,6 +133,48 @@ def test_the_direct_path_launches_inside_direct_launches(monkeypatch):
     bias_act_scale(x, torch.randn(8), "relu", 1.0)
     assert seen == [True, True, True]
     assert not getattr(_launch._state, "direct", False)
+
+
+def test_the_autograd_backward_runs_the_body_directly_where_it_may(monkeypatch):
+    # Eager training: the backward formula calls the op's body (inside direct_launches) where
+    # direct_call allows it, else the op. On the CPU direct_call is False, so it is forced here;
+    # the bodies' CPU branches then compute the gradients, checked against autograd's own.
+    from torchkiln.kernels import _launch, ops
+
+    real = {n: getattr(ops, n) for n in ("_softmax_backward", "_bias_act_scale_backward")}
+    seen = []
+
+    def recording(name):
+        def body(*args):
+            seen.append((name, getattr(_launch._state, "direct", False)))
+            return real[name](*args)
+
+        return body
+
+    for name in real:
+        monkeypatch.setattr(ops, name, recording(name))
+    x = torch.randn(4, 8, requires_grad=True)
+    bias = torch.randn(8, requires_grad=True)
+    dy = torch.randn(4, 8)
+
+    def grads():
+        for t in (x, bias):
+            t.grad = None
+        softmax(x).backward(dy)
+        gx = x.grad.clone()
+        x.grad = None
+        bias_act_scale(x, bias, "gelu", 0.5).backward(dy)
+        return gx, x.grad.clone(), bias.grad.clone()
+
+    via_op = grads()
+    assert seen == []  # CPU tensors: the op, whose CPU kernel is registered with it
+    monkeypatch.setattr(ops, "direct_call", lambda *ts: True)
+    direct = grads()
+    assert seen == [("_softmax_backward", True), ("_bias_act_scale_backward", True)]
+    for a, b in zip(via_op, direct, strict=True):
+        torch.testing.assert_close(a, b)
+    ref = torch.func.vjp(lambda t: torch.softmax(t, -1), x.detach())[1](dy)[0]
+    torch.testing.assert_close(direct[0], ref)
 
 
 class _OnDevice:

@@ -160,7 +160,7 @@ def _build(
         if direction == "fwd":
             return case(2 * mn * s, lambda: F.softmax(x), lambda x: torch.softmax(x, -1), x)
         y, dy = torch.softmax(x, -1), randn(rows, cols)
-        kiln = lambda: ops.softmax_backward(y, dy, 1.0)
+        kiln = lambda: ops.autograd_softmax_backward(y, dy, 1.0)  # as autograd calls it
         return case(3 * mn * s, kiln, _softmax_bwd_expr, y, dy, 1.0)
     if kernel == "masked_softmax":
         heads = HEADS if rows % HEADS == 0 else 1
@@ -171,7 +171,7 @@ def _build(
             kiln = lambda: F.masked_softmax(scores, mask, ATTN_SCALE)
             return case(2 * mn * s + mask.numel(), kiln, _masked_expr, scores, mask, ATTN_SCALE)
         y, dy = _masked_expr(scores, mask, ATTN_SCALE), randn(*shape)
-        kiln = lambda: ops.softmax_backward(y, dy, ATTN_SCALE)
+        kiln = lambda: ops.autograd_softmax_backward(y, dy, ATTN_SCALE)
         return case(3 * mn * s, kiln, _softmax_bwd_expr, y, dy, ATTN_SCALE)
     if kernel == "bias_act_scale":
         x, bias = randn(rows, cols), randn(cols)
@@ -179,7 +179,7 @@ def _build(
             kiln = lambda: F.bias_act_scale(x, bias, BIAS_ACT, BIAS_SCALE)
             return case(2 * mn * s + cols * s, kiln, _bias_act_expr, x, bias)
         dy = randn(rows, cols)
-        kiln = lambda: ops.bias_act_scale_backward(x, bias, dy, BIAS_ACT, BIAS_SCALE)
+        kiln = lambda: ops.autograd_bias_act_backward(x, bias, dy, BIAS_ACT, BIAS_SCALE)
         return case(3 * mn * s + 2 * cols * s, kiln, _bias_act_bwd_expr, x, bias, dy)
     raise ValueError(f"kernel={kernel!r}; choose from {list(KERNELS)}")
 

@@ -22,6 +22,8 @@ import torch
 from torch import Tensor
 
 from torchkiln.errors import MissingExtraError, require
+from torchkiln.kernels._direct import direct_call
+from torchkiln.kernels._launch import direct_launches
 
 NAMESPACE = "kiln"
 
@@ -202,13 +204,35 @@ bias_act_scale_backward = _define(
 # from `.sum()`, and the kernels address rows as contiguous memory.
 
 
+def autograd_softmax_backward(y: Tensor, dy: Tensor, scale: float) -> Tensor:
+    """What the softmax ops' backward runs: in eager training on CUDA, where nothing needs the
+    dispatcher (`_direct.direct_call`: grad mode is off in a plain backward), the op's body
+    directly, as an eager forward call does; the op otherwise (torch.compile traces it, double
+    backward, profilers). On the H200 the backward call's host time (70-110 us against the
+    forward's 30, session 8) kept the short rows' backward launch-bound."""
+    if direct_call(y, dy):
+        with direct_launches():
+            return _softmax_backward(y, dy, scale)
+    return softmax_backward(y, dy, scale)
+
+
+def autograd_bias_act_backward(
+    x: Tensor, bias: Tensor, dy: Tensor, act: str, scale: float
+) -> tuple[Tensor, Tensor]:
+    """bias_act_scale's backward as autograd runs it (see autograd_softmax_backward)."""
+    if direct_call(x, bias, dy):
+        with direct_launches():
+            return _bias_act_scale_backward(x, bias, dy, act, scale)
+    return bias_act_scale_backward(x, bias, dy, act, scale)
+
+
 def _softmax_setup(ctx: Any, inputs: tuple, output: Tensor) -> None:
     ctx.save_for_backward(output)
 
 
 def _softmax_grad(ctx: Any, dy: Tensor) -> Tensor:
     (y,) = ctx.saved_tensors
-    return softmax_backward(y, dy.contiguous(), 1.0)
+    return autograd_softmax_backward(y, dy.contiguous(), 1.0)
 
 
 def _masked_softmax_setup(ctx: Any, inputs: tuple, output: Tensor) -> None:
@@ -219,7 +243,7 @@ def _masked_softmax_setup(ctx: Any, inputs: tuple, output: Tensor) -> None:
 def _masked_softmax_grad(ctx: Any, dy: Tensor) -> tuple[Tensor, None, None]:
     # The mask is a constant: functional.masked_softmax refuses a mask that requires grad.
     (y,) = ctx.saved_tensors
-    return softmax_backward(y, dy.contiguous(), ctx.scale), None, None
+    return autograd_softmax_backward(y, dy.contiguous(), ctx.scale), None, None
 
 
 def _bias_act_setup(ctx: Any, inputs: tuple, output: Tensor) -> None:
@@ -232,7 +256,7 @@ def _bias_act_setup(ctx: Any, inputs: tuple, output: Tensor) -> None:
 
 def _bias_act_grad(ctx: Any, dy: Tensor) -> tuple[Tensor, Tensor, None, None]:
     x, bias = ctx.saved_tensors
-    dx, dbias = bias_act_scale_backward(x, bias, dy.contiguous(), ctx.act, ctx.scale)
+    dx, dbias = autograd_bias_act_backward(x, bias, dy.contiguous(), ctx.act, ctx.scale)
     return dx, dbias, None, None
 
 
@@ -243,6 +267,8 @@ bias_act_scale.register_autograd(_bias_act_grad, setup_context=_bias_act_setup)
 __all__ = [
     "HAS_TRITON",
     "MissingExtraError",
+    "autograd_bias_act_backward",
+    "autograd_softmax_backward",
     "bias_act_scale",
     "bias_act_scale_backward",
     "launchers",
