@@ -179,7 +179,12 @@ def measure_bias_act(dtype_name: str, cols: int) -> dict[str, Any]:
     import torch
 
     from torchkiln.kernels import functional as F
-    from torchkiln.kernels._bias_act import ACT_CODES, GELU_POLY, bias_act_forward
+    from torchkiln.kernels._bias_act import (
+        ACT_CODES,
+        GELU_POLY,
+        GELU_POLY_FAST,
+        bias_act_forward,
+    )
     from torchkiln.kernels._launch import direct_launches
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
@@ -201,7 +206,11 @@ def measure_bias_act(dtype_name: str, cols: int) -> dict[str, Any]:
         with direct_launches():
             return bias_act_forward(x, bias, "gelu", 0.5, code=code)
 
-    for name, code in (("gelu tl.erf", ACT_CODES["gelu"]), ("gelu erfc polynomial", GELU_POLY)):
+    for name, code in (
+        ("gelu tl.erf", ACT_CODES["gelu"]),
+        ("gelu erfc polynomial", GELU_POLY),
+        ("gelu polynomial, approx rcp+exp2", GELU_POLY_FAST),
+    ):
         arms[name] = lambda c=code: bare(c)
     ref = torch.nn.functional.gelu(x.float() + bias.float()) * 0.5
     for name, fn in arms.items():

@@ -94,7 +94,9 @@ def test_looped_and_backward_kernels_compile():
     assert "L2::evict_last" in ptx and "evict_first" in ptx and "st.global.cs" in ptx
 
 
-@pytest.mark.parametrize("code", [0, 1, 2], ids=["relu", "gelu-erf", "gelu-erfc-polynomial"])
+@pytest.mark.parametrize(
+    "code", [0, 1, 2, 3], ids=["relu", "gelu-erf", "gelu-erfc-polynomial", "gelu-polynomial-fast"]
+)
 def test_bias_act_kernels_compile_without_spills(code):
     fwd = {"x_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*bf16", **ROW_ARGS, "scale": "fp32"}
     block_m, block_n, warps = _bias_act.tile_config(12672, _bias_act.FWD_TILE)
@@ -174,3 +176,15 @@ def test_pieces_forward_at_12672_does_not_spill(dtype, mask_kind):
     for warps in (16, 32):
         compiled = _compile(_softmax_pieces._softmax_fwd_pieces, signature, consts, warps)
         assert _ptxas_spills(compiled) == 0, (dtype, mask_kind, warps)
+
+
+def test_the_fast_gelu_takes_the_hardware_approximations():
+    # GELU_POLY_FAST: one MUFU rcp and ex2 each (the polynomial without them divides with
+    # div.full; Triton's own exp2 may already be the ftz ex2).
+    fwd = {"x_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*bf16", **ROW_ARGS, "scale": "fp32"}
+    block_m, block_n, warps = _bias_act.tile_config(12672, _bias_act.FWD_TILE)
+    for code, fast in ((_bias_act.GELU_POLY, False), (_bias_act.GELU_POLY_FAST, True)):
+        consts = {"ACT": code, "BLOCK_M": block_m, "BLOCK_N": block_n}
+        ptx = _compile(_bias_act._bias_act_fwd, fwd, consts, warps).asm["ptx"]
+        assert ("rcp.approx.ftz.f32" in ptx) is fast and ("div.full.f32" in ptx) is not fast
+        assert "ex2.approx.ftz.f32" in ptx or not fast

@@ -132,6 +132,24 @@ def test_looped_kernels_with_short_rows_gpu(dtype):
     assert_close(dx, softmax_backward_ref(y, dy, 2.0), dtype, "looped backward")
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_fast_gelu_matches_reference(dtype):
+    # GELU_POLY_FAST (experimental: approximate rcp and exp2) against the fp64 reference, as the
+    # default kernels are held (kernels_reference's tolerances), forward and backward.
+    from torchkiln.kernels import _bias_act
+
+    x, bias = _randn((37, 781), dtype), _randn((781,), dtype, seed=3)
+    dy = _randn((37, 781), dtype, seed=4)
+    code = _bias_act.GELU_POLY_FAST
+    y = _bias_act.bias_act_forward(x, bias, "gelu", 0.7, code=code)
+    assert_close(y, bias_act_ref(x, bias, "gelu", 0.7), dtype, "fast gelu", GELU_ATOL * 0.7)
+    dx, db = _bias_act.bias_act_backward(x, bias, dy, "gelu", 0.7, code=code)
+    dx_ref, db_ref = bias_act_backward_ref(x, bias, dy, "gelu", 0.7)
+    dz_atol = GELU_ATOL * 0.7 * dy.abs().max().item()
+    assert_close(dx, dx_ref, dtype, "fast gelu dx", dz_atol)
+    assert_close(db, db_ref, dtype, "fast gelu dbias", sum_atol(dx_ref, 37) + 37 * dz_atol)
+
+
 @pytest.mark.parametrize("name", OPCHECK_CASES)
 def test_opcheck_gpu(name):
     op, args = opcheck_case(name, "cuda")

@@ -14,10 +14,14 @@ import triton.language as tl
 from torchkiln.kernels._launch import cdiv, launchable, next_power_of_2
 
 ACT_CODES = {"relu": 0, "gelu": 1}
-# GELU through the erfc polynomial (_gelu_cdf) instead of tl.erf, for 2-byte dtypes: on the H200
+# GELU through the erfc polynomial (_gelu_poly) instead of tl.erf, for 2-byte dtypes: on the H200
 # the bf16 forward with tl.erf was compute-bound, 62% of the copy ceiling against relu's 94%
-# (session 7, benchmarks/kernel_configs.py), and Inductor's kernel the same.
-GELU_POLY = 2
+# (session 7, benchmarks/kernel_configs.py), and Inductor's kernel the same; the polynomial
+# reached 73% (session 8). The kernel is issue-bound (instructions per element: relu 17, tl.erf
+# 48.5, the first polynomial 47; SASS for sm_90, tests/kernels/test_kernels_compile.py), so
+# GELU_POLY_FAST also takes the approximate rcp and exp2: experimental, not chosen by act_code
+# until a GPU has measured it (benchmarks/kernel_configs.py times it).
+GELU_POLY, GELU_POLY_FAST = 2, 3
 # Tiles of up to 8 rows x 1024 columns (rows share one bias load). Forward: 4096 elements, 16 per
 # thread at 8 warps; backward (two inputs and an fp32 accumulator): 2048. Sizes chosen with
 # ptxas -v for sm_90: these stay at 43-64 registers, no spills; 8192-element forward tiles took
@@ -29,27 +33,67 @@ TARGET_PROGRAMS = 1024
 
 
 @triton.jit
-def _gelu_cdf(z):
-    # Phi(z), the normal CDF, as 0.5 * erfc(|z| / sqrt(2)) on the negative side and one minus it
-    # on the positive: erfc by the Chebyshev-fitted exponential of Press et al. (Numerical
-    # Recipes, "erfcc"), fractional error below 1.2e-7 everywhere, no branch. Relative, so the
-    # negative tail, where Phi is tiny, keeps its precision (1 + erf cancels there). Exact GELU
-    # within fp32 rounding: for 2-byte outputs the extra error (the exp argument's, ~|z|^2 *
-    # 6e-8) is far below one output ulp. Constants are literals: Inductor copies this source.
-    a = tl.abs(z) * 0.7071067811865476
-    t = 1.0 / (1.0 + 0.5 * a)
-    p = 0.17087277
-    p = -0.82215223 + t * p
-    p = 1.48851587 + t * p
-    p = -1.13520398 + t * p
-    p = 0.27886807 + t * p
-    p = -0.18628806 + t * p
-    p = 0.09678418 + t * p
-    p = 0.37409196 + t * p
-    p = 1.00002368 + t * p
-    p = -1.26551223 + t * p
-    tail = 0.5 * t * tl.exp(p - a * a)
-    return tl.where(z >= 0.0, 1.0 - tail, tail)
+def _rcp(x, FAST: tl.constexpr):
+    if FAST:  # one MUFU op; `1.0 / x` is div.full.f32 with range checks (session 8, SASS)
+        r = tl.inline_asm_elementwise(
+            "rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        r = 1.0 / x
+    return r
+
+
+@triton.jit
+def _exp2(x, FAST: tl.constexpr):
+    if FAST:  # flushes results below 2^-126 to 0: only GELU's far negative tail, x < -13
+        r = tl.inline_asm_elementwise(
+            "ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        r = tl.exp2(x)
+    return r
+
+
+@triton.jit
+def _erfc_log2_poly(t):
+    # log2(erfc(a) / t) + a^2 * log2(e) - 1 as a polynomial in t = 1 / (1 + a / 2): the
+    # Chebyshev-fitted exponent of Press et al.'s erfc (Numerical Recipes, "erfcc"; fractional
+    # error below 1.2e-7 everywhere), its coefficients times log2(e) and the constant less 1,
+    # so 0.5 * erfc(a) = t * exp2(poly(t) - a^2 * log2(e)) with no further multiply. Literals:
+    # Inductor copies this source into its output, globals would not follow.
+    p = 0.24651729790196045
+    p = -1.1861149450768025 + t * p
+    p = 2.147474463933521 + t * p
+    p = -1.637753152343414 + t * p
+    p = 0.40232158165127635 + t * p
+    p = -0.2687568603388257 + t * p
+    p = 0.1396300565225048 + t * p
+    p = 0.5397006155284324 + t * p
+    p = 1.4427292039075317 + t * p
+    return -2.825748218405333 + t * p
+
+
+@triton.jit
+def _gelu_poly(z, FAST: tl.constexpr):
+    # GELU(z) = z * Phi(z) through tail = Phi(-|z|) = 0.5 * erfc(|z| / sqrt(2)): relu(z) minus
+    # |z| * tail on both sides (z * (1 - tail) for z >= 0, z * tail below), no select. The tail
+    # is relative-accurate, so the negative side, where 0.5 * (1 + erf) cancels, keeps its
+    # precision. Exact GELU within fp32 rounding (the exp argument's error, ~z^2 * 6e-8, is far
+    # below a 2-byte output's ulp); FAST takes the hardware's approximate rcp and exp2.
+    # (1 / sqrt(2)) / 2 and log2(e) / 2.
+    t = _rcp(1.0 + 0.35355339059327373 * tl.abs(z), FAST)
+    tail = t * _exp2(_erfc_log2_poly(t) - z * z * 0.7213475204444817, FAST)
+    return tl.maximum(z, 0.0) - tl.abs(z) * tail
+
+
+@triton.jit
+def _gelu_poly_grad(z, FAST: tl.constexpr):
+    # Phi(z) + z * phi(z), with phi(z) = exp(-z^2 / 2) / sqrt(2 * pi) shared with the tail.
+    t = _rcp(1.0 + 0.35355339059327373 * tl.abs(z), FAST)
+    e = _exp2(z * z * -0.7213475204444817, FAST)
+    tail = t * _exp2(_erfc_log2_poly(t), FAST) * e
+    cdf = tl.where(z >= 0.0, 1.0 - tail, tail)
+    return cdf + z * e * 0.3989422804014327
 
 
 @triton.jit
@@ -61,7 +105,7 @@ def _act(z, ACT: tl.constexpr):
         # literals: Inductor copies this source into its output, globals would not follow.
         out = 0.5 * z * (1.0 + tl.erf(z * 0.7071067811865476))
     else:
-        out = z * _gelu_cdf(z)
+        out = _gelu_poly(z, ACT == 3)  # 3: GELU_POLY_FAST (a literal: Inductor copies source)
     return out
 
 
@@ -75,7 +119,7 @@ def _act_grad(z, ACT: tl.constexpr):
         cdf = 0.5 * (1.0 + tl.erf(z * 0.7071067811865476))
         g = cdf + z * tl.exp(-0.5 * z * z) * 0.3989422804014327
     else:
-        g = _gelu_cdf(z) + z * tl.exp(-0.5 * z * z) * 0.3989422804014327
+        g = _gelu_poly_grad(z, ACT == 3)  # 3: GELU_POLY_FAST
     return g
 
 
@@ -165,10 +209,12 @@ def bias_act_backward(
     act: str,
     scale: float,
     target_programs: int = TARGET_PROGRAMS,
+    code: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dbias) of act(x + bias) * scale; `x` and `dy` contiguous and of the same shape.
 
-    `target_programs` lets tests make each program loop over several row blocks.
+    `target_programs` lets tests make each program loop over several row blocks; `code` forces
+    the kernel's ACT, as in bias_act_forward.
     """
     n = x.shape[-1]
     dx = torch.empty_like(x)
@@ -184,7 +230,7 @@ def bias_act_backward(
     partial = torch.empty((groups, n), dtype=torch.float32, device=x.device)
     launchable(_bias_act_bwd)[(groups, col_blocks)](
         x, bias, dy, dx, partial, m, n, rows_per_prog, float(scale),
-        ACT=act_code(act, x.element_size()), BLOCK_M=block_m, BLOCK_N=block_n,
-        num_warps=num_warps,
+        ACT=act_code(act, x.element_size()) if code is None else code, BLOCK_M=block_m,
+        BLOCK_N=block_n, num_warps=num_warps,
     )  # fmt: skip
     return dx, partial.sum(0).to(bias.dtype)
