@@ -7,13 +7,17 @@ instructions per element times the element rate exceed what the SMs can issue: o
 SMs x 4 schedulers x ~1.98 GHz x 32 lanes is ~3.3e13 thread-instructions a second, and a bf16
 element moved at the ~3.9 TB/s copy ceiling (2 bytes in, 2 out) arrives at ~9.8e11 a second,
 so ~34 instructions per element is the most a bf16 kernel can spend and still keep up with
-memory. In session 8 the bf16 bias_act_scale forward with tl.erf's GELU (48.5 instructions per
-element here) ran at 62% of the copy ceiling and relu (17) at 94%, as this bound predicts.
+memory, fewer in practice. In session 8 the bf16 bias_act_scale forward with tl.erf's GELU (41.5
+instructions per element here) ran at 62% of the copy ceiling, the erfc polynomial of then
+(40.0) at 73% and relu (10.5) at 94%: a rough guide, not a model (the instruction mix counts
+too).
 
 For each configuration it compiles the kernel for sm_90 with Triton's own compiler (its
 front end, LLVM and the bundled ptxas all run on the CPU), disassembles the cubin with the
 bundled cuobjdump, and counts the instructions of the whole (loop-free) kernel over the
-elements one thread handles. Writes DIR/kernel_sass.json with the environment and prints a
+elements one thread handles, with the integer arguments specialised as at the bench's launch
+(compile_sm90). It also counts the softmax forward at 12672 columns: the single block padded to
+16384 and the pieces kernel. Writes DIR/kernel_sass.json with the environment and prints a
 table last. Needs the `triton` extra.
 """
 
@@ -34,16 +38,35 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 SM90 = ("cuda", 90, 32)
+ROWS = 4096  # as bench_kernels.py
 ROW_ARGS = {"M": "i32", "N": "i32"}
 
 
-def compile_sm90(kernel: Any, signature: dict, constexprs: dict, num_warps: int) -> Any:
+def compile_sm90(
+    kernel: Any, signature: dict, constexprs: dict, num_warps: int, ints: dict | None = None
+) -> Any:
+    """The kernel compiled for sm_90 as Triton's JIT would compile it at a launch with the
+    integer arguments `ints`: an int equal to 1 becomes a constant, a multiple of 16 and every
+    pointer (torch's allocations are 16-byte aligned) get tt.divisibility = 16, which is what
+    lets loads vectorise (Triton 3.8's `native_specialize_impl` returns ('constexpr', 1) for
+    1 and 'D' for multiples of 16). Without them the counts here were ~1.8x the launched
+    kernel's for the masked softmax."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    signature, constexprs = dict(signature), dict(constexprs)
+    divisible = []
+    for name, value in (ints or {}).items():
+        if value == 1:
+            signature.pop(name)
+            constexprs[name] = 1
+        elif value % 16 == 0:
+            divisible.append(name)
+    divisible += [name for name, ty in signature.items() if ty.startswith("*")]
+    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible}
     types = {**signature, **{name: "constexpr" for name in constexprs}}
-    source = ASTSource(kernel, {k: types[k] for k in kernel.arg_names}, constexprs)
+    source = ASTSource(kernel, {k: types[k] for k in kernel.arg_names}, constexprs, attrs)
     return triton.compile(source, target=GPUTarget(*SM90), options={"num_warps": num_warps})
 
 
@@ -80,7 +103,8 @@ def bias_act_rows(cols: int) -> list[dict[str, Any]]:
                "scale": "fp32"}  # fmt: skip
         for code, name in names.items():
             consts = {"ACT": code, "BLOCK_M": block_m, "BLOCK_N": block_n}
-            ops = sass_counts(compile_sm90(ba._bias_act_fwd, sig, consts, warps))
+            ints = {"M": ROWS, "N": cols}
+            ops = sass_counts(compile_sm90(ba._bias_act_fwd, sig, consts, warps, ints))
             total = sum(ops.values())
             rows.append({"kernel": "bias_act_scale fwd", "variant": name, "dtype": dtype,
                          "cols": cols, "values_per_thread": per_thread, "instructions": total,
@@ -89,24 +113,70 @@ def bias_act_rows(cols: int) -> list[dict[str, Any]]:
     return rows
 
 
+def softmax_rows(cols: int) -> list[dict[str, Any]]:
+    """The single-block forward (padded to a power of two) and the pieces kernel, plain and
+    masked: instructions per element of the row, padding included in the cost."""
+    from torchkiln.kernels import _softmax as ks
+    from torchkiln.kernels import _softmax_pieces as kp
+
+    mask_args = {"H": "i32", "Q": "i32", "smb": "i32", "smh": "i32", "smq": "i32",
+                 "smk": "i32", "scale": "fp32"}  # fmt: skip
+    rows = []
+    for dtype in ("bf16", "fp32"):
+        itemsize = 2 if dtype == "bf16" else 4
+        for kind in (ks.MASK_NONE, ks.MASK_BOOL):
+            sig = {"x_ptr": f"*{dtype}", "y_ptr": f"*{dtype}",
+                   "m_ptr": "*i1" if kind == ks.MASK_BOOL else f"*{dtype}", **ROW_ARGS,
+                   **mask_args}  # fmt: skip
+            common = {"MASK_KIND": kind, "SAFE": kind != ks.MASK_NONE}
+            block_m, block_n, warps = ks.forward_config(cols, kind != ks.MASK_NONE, itemsize)
+            p0, p1, p2 = kp.pieces(cols)
+            variants = [
+                (f"single block {block_n} w{warps}", ks._softmax_fwd_block,
+                 {**common, "BLOCK_M": block_m, "BLOCK_N": block_n}, warps, block_m),
+            ]  # fmt: skip
+            if p1:
+                for w in (16, 32):
+                    variants.append((f"pieces {p0}+{p1}+{p2} w{w}", kp._softmax_fwd_pieces,
+                                     {**common, "P0": p0, "P1": p1, "P2": p2}, w, 1))  # fmt: skip
+            # The bench's attention shape: [1, 8, 512, N] scores, a [1, 1, 512, N] bool mask.
+            heads, q = 8, ROWS // 8
+            ints = {"M": ROWS, "N": cols, "H": heads, "Q": q}
+            if kind == ks.MASK_BOOL:
+                ints |= {"smb": q * cols, "smh": 0, "smq": cols, "smk": 1}
+            else:
+                ints |= {"smb": 0, "smh": 0, "smq": 0, "smk": 0}
+            for name, kernel, consts, w, rows_per_program in variants:
+                ops = sass_counts(compile_sm90(kernel, sig, consts, w, ints))
+                total = sum(ops.values())
+                per_thread = rows_per_program * cols / (32 * w)
+                rows.append({"kernel": "masked_softmax fwd" if kind else "softmax fwd",
+                             "variant": name, "dtype": dtype, "cols": cols,
+                             "values_per_thread": per_thread, "instructions": total,
+                             "per_element": total / per_thread,
+                             "top": dict(ops.most_common(8))})  # fmt: skip
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="folder for kernel_sass.json")
-    p.add_argument("--cols", type=int, default=16384, help="row length of the tile config")
+    p.add_argument("--cols", type=int, default=16384, help="bias_act_scale's row length")
+    p.add_argument("--softmax-cols", type=int, default=12672, help="the softmax row length")
     args = p.parse_args(argv)
 
     from torchkiln.errors import require
     from torchkiln.measure.environment import collect
 
     require("triton", "triton", "benchmarks/kernel_sass.py")
-    rows = bias_act_rows(args.cols)
+    rows = bias_act_rows(args.cols) + softmax_rows(args.softmax_cols)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     doc = {"schema": "kiln.kernel_sass/1", "environment": collect("cpu"), "target": "sm_90",
            "rows": rows}  # fmt: skip
     (out / "kernel_sass.json").write_text(json.dumps(doc, indent=2, default=str))
     for r in rows:
-        print(f"{r['kernel']:20s} {r['dtype']:5s} {r['variant']:34s} "
+        print(f"{r['kernel']:20s} {r['dtype']:5s} {r['variant']:34s} {r['cols']:6d} "
               f"{r['per_element']:5.1f} instructions per element")  # fmt: skip
     return 0
 

@@ -17,10 +17,10 @@ ACT_CODES = {"relu": 0, "gelu": 1}
 # GELU through the erfc polynomial (_gelu_poly) instead of tl.erf, for 2-byte dtypes: on the H200
 # the bf16 forward with tl.erf was compute-bound, 62% of the copy ceiling against relu's 94%
 # (session 7, benchmarks/kernel_configs.py), and Inductor's kernel the same; the polynomial
-# reached 73% (session 8). The kernel is issue-bound (instructions per element: relu 17, tl.erf
-# 48.5, the first polynomial 47; SASS for sm_90, tests/kernels/test_kernels_compile.py), so
-# GELU_POLY_FAST also takes the approximate rcp and exp2: experimental, not chosen by act_code
-# until a GPU has measured it (benchmarks/kernel_configs.py times it).
+# reached 73% (session 8). The kernel is issue-bound (SASS instructions per bf16 element,
+# benchmarks/kernel_sass.py: relu 10.5, tl.erf 41.5, that polynomial 40.0, this one 33.5), so
+# GELU_POLY_FAST also takes the approximate rcp and exp2 (26.5): experimental, not chosen by
+# act_code until a GPU has measured it (benchmarks/kernel_configs.py times it).
 GELU_POLY, GELU_POLY_FAST = 2, 3
 # Tiles of up to 8 rows x 1024 columns (rows share one bias load). Forward: 4096 elements, 16 per
 # thread at 8 warps; backward (two inputs and an fp32 accumulator): 2048. Sizes chosen with
