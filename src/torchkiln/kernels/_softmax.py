@@ -238,6 +238,23 @@ def mask_layout(shape: tuple[int, ...], mask: torch.Tensor) -> tuple[int, int, t
     return dims[1], dims[2], strides
 
 
+def forward_args(
+    x: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> tuple[torch.Tensor, int, tuple]:
+    """(y, MASK_KIND, the leading launch arguments: x, y, mask pointer, M, N, H, Q, its four
+    strides, scale) of a forward over `x`, y allocated; with no mask, x itself stands in for
+    the pointer (never read)."""
+    n = x.shape[-1]
+    y = torch.empty_like(x)
+    if mask is None:
+        kind, m_arg, h, q, strides = MASK_NONE, x, 1, 1, (0, 0, 0, 0)
+    else:
+        kind, m_arg = (MASK_BOOL if mask.dtype == torch.bool else MASK_ADD), mask
+        h, q, strides = mask_layout(x.shape, mask)
+    m = x.numel() // n if n else 0
+    return y, kind, (x, y, m_arg, m, n, h, q, *strides, float(scale))
+
+
 def softmax_forward(
     x: torch.Tensor,
     mask: torch.Tensor | None = None,
@@ -259,18 +276,10 @@ def softmax_forward(
     when None) and its L2 experiments (`loop_l2_hints`, `loop_reverse`) are parameters so
     benchmarks/kernel_configs.py can time them.
     """
-    n = x.shape[-1]
-    y = torch.empty_like(x)
+    y, kind, common = forward_args(x, mask, scale)
     if x.numel() == 0:
         return y
-    m = x.numel() // n
-    if mask is None:
-        kind, m_arg, h, q, strides = MASK_NONE, x, 1, 1, (0, 0, 0, 0)
-    else:
-        kind = MASK_BOOL if mask.dtype == torch.bool else MASK_ADD
-        m_arg = mask
-        h, q, strides = mask_layout(x.shape, mask)
-    common = (x, y, m_arg, m, n, h, q, *strides, float(scale))
+    m, n = common[3], common[4]
     if n <= max_block_n:
         block_m, block_n, num_warps = forward_config(n, kind != MASK_NONE, x.element_size())
         launchable(_softmax_fwd_block)[(cdiv(m, block_m),)](

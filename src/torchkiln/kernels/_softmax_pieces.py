@@ -19,14 +19,11 @@ import triton.language as tl
 
 from torchkiln.kernels._launch import launchable, next_power_of_2
 from torchkiln.kernels._softmax import (
-    MASK_ADD,
-    MASK_BOOL,
-    MASK_NONE,
     _finite,
     _inverse,
     _mask_row_offset,
     _scores,
-    mask_layout,
+    forward_args,
 )
 
 # Pieces narrower than this are not worth a separate tensor: the last piece is rounded up to it.
@@ -103,21 +100,12 @@ def softmax_forward_pieces(
     """softmax(scale * x + mask) over the last dim, as `_softmax.softmax_forward` (same mask
     convention), one program per row holding it as power-of-two pieces. `num_warps` defaults to
     16 values per thread over the padded row, at most 32 warps."""
-    n = x.shape[-1]
-    y = torch.empty_like(x)
+    y, kind, common = forward_args(x, mask, scale)
     if x.numel() == 0:
         return y
-    m = x.numel() // n
-    if mask is None:
-        kind, m_arg, h, q, strides = MASK_NONE, x, 1, 1, (0, 0, 0, 0)
-    else:
-        kind = MASK_BOOL if mask.dtype == torch.bool else MASK_ADD
-        m_arg = mask
-        h, q, strides = mask_layout(x.shape, mask)
-    p0, p1, p2 = pieces(n)
+    p0, p1, p2 = pieces(x.shape[-1])
     warps = num_warps or min(32, max(4, next_power_of_2((p0 + p1 + p2) // 512)))
-    launchable(_softmax_fwd_pieces)[(m,)](
-        x, y, m_arg, m, n, h, q, *strides, float(scale),
-        MASK_KIND=kind, SAFE=safe, P0=p0, P1=p1, P2=p2, num_warps=warps,
+    launchable(_softmax_fwd_pieces)[(common[3],)](
+        *common, MASK_KIND=kind, SAFE=safe, P0=p0, P1=p1, P2=p2, num_warps=warps,
     )  # fmt: skip
     return y
