@@ -110,6 +110,24 @@ def bias_act_rows(cols: int) -> list[dict[str, Any]]:
                          "cols": cols, "values_per_thread": per_thread, "instructions": total,
                          "per_element": total / per_thread,
                          "top": dict(ops.most_common(8))})  # fmt: skip
+    # The backward loops over row blocks: its whole static code over one tile's values (the
+    # loop's body once, plus the bias-sum epilogue), an upper bound per element. It moves 6
+    # bytes per bf16 element (x and dy in, dx out), so ~51 instructions keep up with memory.
+    block_m, block_n, warps = ba.tile_config(cols, ba.BWD_TILE)
+    per_thread = block_m * block_n / (32 * warps)
+    for dtype in ("bf16", "fp32"):
+        sig = {"x_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "dy_ptr": f"*{dtype}",
+               "dx_ptr": f"*{dtype}", "db_partial_ptr": "*fp32", **ROW_ARGS,
+               "rows_per_prog": "i32", "scale": "fp32"}  # fmt: skip
+        for code, name in names.items():
+            consts = {"ACT": code, "BLOCK_M": block_m, "BLOCK_N": block_n}
+            ints = {"M": ROWS, "N": cols, "rows_per_prog": 64}
+            ops = sass_counts(compile_sm90(ba._bias_act_bwd, sig, consts, warps, ints))
+            total = sum(ops.values())
+            rows.append({"kernel": "bias_act_scale bwd", "variant": name, "dtype": dtype,
+                         "cols": cols, "values_per_thread": per_thread, "instructions": total,
+                         "per_element": total / per_thread,
+                         "top": dict(ops.most_common(8))})  # fmt: skip
     return rows
 
 
