@@ -98,13 +98,15 @@ def softmax_forward_pieces(
     num_warps: int | None = None,
 ) -> torch.Tensor:
     """softmax(scale * x + mask) over the last dim, as `_softmax.softmax_forward` (same mask
-    convention), one program per row holding it as power-of-two pieces. `num_warps` defaults to
-    16 values per thread over the padded row, at most 32 warps."""
+    convention), one program per row holding it as power-of-two pieces. `num_warps` defaults
+    to at least 16 values per thread over the padded row, 4 to 32 warps (12672: 16 warps, 25
+    values; at 32 warps the SASS counted 31.7 instructions per bf16 element against 21.7,
+    benchmarks/kernel_sass.py)."""
     y, kind, common = forward_args(x, mask, scale)
     if x.numel() == 0:
         return y
     p0, p1, p2 = pieces(x.shape[-1])
-    warps = num_warps or min(32, max(4, next_power_of_2((p0 + p1 + p2) // 512)))
+    warps = num_warps or min(32, max(4, next_power_of_2((p0 + p1 + p2) // 512 + 1) // 2))
     launchable(_softmax_fwd_pieces)[(common[3],)](
         *common, MASK_KIND=kind, SAFE=safe, P0=p0, P1=p1, P2=p2, num_warps=warps,
     )  # fmt: skip
