@@ -26,6 +26,19 @@ def test_html_escapes_source_lines_and_reasons():
     assert "x.sum() &lt; 0" in md and "<script>" not in md
 
 
+def test_the_opportunity_line_names_a_variant_other_than_the_pick():
+    doc = synthetic_tune_doc()
+    opp = {"variant": "inductor+bf16", "speedup": 3.1, "worst_error_over_threshold": 0.4,
+           "passed": True}  # fmt: skip
+    doc["selection"]["best_numerics_changing"] = opp
+    assert "Opportunity: the best numerics-changing variant, `inductor+bf16`, gave 3.10x" in (
+        markdown(doc)
+    )
+    # The pick itself is the best numerics-changing variant: its bullet already says so.
+    doc["selection"]["best"] = "inductor+bf16"
+    assert "Opportunity" not in markdown(doc)
+
+
 def _bench_doc(ms, ci):
     return {
         "schema": "torchkiln.bench/1",

@@ -78,7 +78,8 @@ def markdown(doc: dict[str, Any]) -> str:
         )
         out += [f"Tied ({how}): {', '.join(f'`{t}`' for t in sel['tied'])}", ""]
     opp = sel.get("best_numerics_changing")
-    if opp:
+    # When the pick is that variant, its own bullet above already gives its error.
+    if opp and opp["variant"] != sel.get("best"):
         allowed = ", ".join(doc.get("allow_precision") or []) or "none"
         out += [
             f"Opportunity: the best numerics-changing variant, `{opp['variant']}`, gave "
