@@ -90,44 +90,47 @@ def sass_counts(compiled: Any) -> Counter:
     return ops
 
 
+def count(
+    label: str, variant: str, dtype: str, cols: int, per_thread: float, kernel: Any,
+    sig: dict, consts: dict, warps: int, ints: dict,
+) -> dict[str, Any]:  # fmt: skip
+    """One row of the table: the kernel's SASS counted over the values one thread handles."""
+    ops = sass_counts(compile_sm90(kernel, sig, consts, warps, ints))
+    total = sum(ops.values())
+    return {"kernel": label, "variant": variant, "dtype": dtype, "cols": cols,
+            "values_per_thread": per_thread, "instructions": total,
+            "per_element": total / per_thread, "top": dict(ops.most_common(8))}  # fmt: skip
+
+
 def bias_act_rows(cols: int) -> list[dict[str, Any]]:
+    """The forward, then the backward. The backward loops over row blocks: its whole static code
+    over one tile's values (the loop's body once, plus the bias-sum epilogue), an upper bound
+    per element. It moves 6 bytes per bf16 element (x and dy in, dx out), so ~51 instructions
+    keep up with memory."""
     from torchkiln.kernels import _bias_act as ba
 
     names = {0: "relu", 1: "gelu tl.erf", ba.GELU_POLY: "gelu erfc polynomial",
              ba.GELU_POLY_FAST: "gelu polynomial, approx rcp+exp2"}  # fmt: skip
-    block_m, block_n, warps = ba.tile_config(cols, ba.FWD_TILE)
-    per_thread = block_m * block_n / (32 * warps)
+    directions = (
+        ("bias_act_scale fwd", ba._bias_act_fwd, ba.FWD_TILE, ("x", "b", "y"), {}),
+        ("bias_act_scale bwd", ba._bias_act_bwd, ba.BWD_TILE, ("x", "b", "dy", "dx"),
+         {"db_partial_ptr": "*fp32"}),
+    )  # fmt: skip
     rows = []
-    for dtype in ("bf16", "fp32"):
-        sig = {"x_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "y_ptr": f"*{dtype}", **ROW_ARGS,
-               "scale": "fp32"}  # fmt: skip
-        for code, name in names.items():
-            consts = {"ACT": code, "BLOCK_M": block_m, "BLOCK_N": block_n}
-            ints = {"M": ROWS, "N": cols}
-            ops = sass_counts(compile_sm90(ba._bias_act_fwd, sig, consts, warps, ints))
-            total = sum(ops.values())
-            rows.append({"kernel": "bias_act_scale fwd", "variant": name, "dtype": dtype,
-                         "cols": cols, "values_per_thread": per_thread, "instructions": total,
-                         "per_element": total / per_thread,
-                         "top": dict(ops.most_common(8))})  # fmt: skip
-    # The backward loops over row blocks: its whole static code over one tile's values (the
-    # loop's body once, plus the bias-sum epilogue), an upper bound per element. It moves 6
-    # bytes per bf16 element (x and dy in, dx out), so ~51 instructions keep up with memory.
-    block_m, block_n, warps = ba.tile_config(cols, ba.BWD_TILE)
-    per_thread = block_m * block_n / (32 * warps)
-    for dtype in ("bf16", "fp32"):
-        sig = {"x_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "dy_ptr": f"*{dtype}",
-               "dx_ptr": f"*{dtype}", "db_partial_ptr": "*fp32", **ROW_ARGS,
-               "rows_per_prog": "i32", "scale": "fp32"}  # fmt: skip
-        for code, name in names.items():
-            consts = {"ACT": code, "BLOCK_M": block_m, "BLOCK_N": block_n}
-            ints = {"M": ROWS, "N": cols, "rows_per_prog": 64}
-            ops = sass_counts(compile_sm90(ba._bias_act_bwd, sig, consts, warps, ints))
-            total = sum(ops.values())
-            rows.append({"kernel": "bias_act_scale bwd", "variant": name, "dtype": dtype,
-                         "cols": cols, "values_per_thread": per_thread, "instructions": total,
-                         "per_element": total / per_thread,
-                         "top": dict(ops.most_common(8))})  # fmt: skip
+    for label, kernel, tile, tensors, extra in directions:
+        block_m, block_n, warps = ba.tile_config(cols, tile)
+        per_thread = block_m * block_n / (32 * warps)
+        ints = {"M": ROWS, "N": cols}
+        if label.endswith("bwd"):
+            ints["rows_per_prog"] = 64
+        for dtype in ("bf16", "fp32"):
+            sig = {**{f"{t}_ptr": f"*{dtype}" for t in tensors}, **extra, **ROW_ARGS,
+                   **({"rows_per_prog": "i32"} if "rows_per_prog" in ints else {}),
+                   "scale": "fp32"}  # fmt: skip
+            for code, name in names.items():
+                consts = {"ACT": code, "BLOCK_M": block_m, "BLOCK_N": block_n}
+                rows.append(count(label, name, dtype, cols, per_thread, kernel, sig, consts,
+                                  warps, ints))  # fmt: skip
     return rows
 
 
@@ -164,15 +167,11 @@ def softmax_rows(cols: int) -> list[dict[str, Any]]:
                 ints |= {"smb": q * cols, "smh": 0, "smq": cols, "smk": 1}
             else:
                 ints |= {"smb": 0, "smh": 0, "smq": 0, "smk": 0}
+            label = "masked_softmax fwd" if kind else "softmax fwd"
             for name, kernel, consts, w, rows_per_program in variants:
-                ops = sass_counts(compile_sm90(kernel, sig, consts, w, ints))
-                total = sum(ops.values())
                 per_thread = rows_per_program * cols / (32 * w)
-                rows.append({"kernel": "masked_softmax fwd" if kind else "softmax fwd",
-                             "variant": name, "dtype": dtype, "cols": cols,
-                             "values_per_thread": per_thread, "instructions": total,
-                             "per_element": total / per_thread,
-                             "top": dict(ops.most_common(8))})  # fmt: skip
+                rows.append(count(label, name, dtype, cols, per_thread, kernel, sig, consts, w,
+                                  ints))  # fmt: skip
     return rows
 
 
