@@ -185,22 +185,20 @@ phases-tune-infer | phases-tune-train)
   echo "$(date +%T) all done" >>"$ROOT/status.txt"
   ;;
 phases-tune-parallel)
-  # What issue 5 has not yet seen on a GPU: one tune with both GPUs visible, so independent
-  # candidates run at once, one per GPU (resnet50 inference, as session 8's one-GPU tune: 537 s,
-  # 6 trials run, 13 skipped for time); then the plain modes at bf16 beside its pick. Then,
-  # alone on GPU 0, issue 6's kernels: GPU tests, the looped kernel's L2 experiments and the
-  # pieces kernel at the long rows (kernel_configs.py), and the bandwidth table, cut to
-  # DEADLINE_S (default 1650 s).
+  # Issue 5: one tune with both GPUs visible, so independent candidates run at once, one per GPU
+  # (resnet50 inference, as session 8's one-GPU tune: 537 s, 6 trials run, 13 skipped for
+  # time), then plain reduce-overhead at bf16 (the best plain mode of every H200 run) beside its
+  # pick. Then, alone on GPU 0, issue 6: the GPU tests and the bandwidth table with session 9's
+  # defaults (the approximate-rcp/exp2 GELU for 2-byte dtypes, the hinted looped forward for
+  # fp32 rows of 16385-32768), cut to DEADLINE_S (default 1650 s).
   nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
   (lscpu; echo "queue cpus: all") >"$ROOT/cpus.txt" 2>&1
   export DEADLINE_S=${DEADLINE_S:-1650}
-  job tune_resnet50_infer_2gpu 1080 python3 benchmarks/bench_tune.py --out "$ROOT/tune-2gpu" \
-    --workloads resnet50 --steps infer --budget 10m --plain-timeout 120
+  job tune_resnet50_infer_2gpu 900 python3 benchmarks/bench_tune.py --out "$ROOT/tune-2gpu" \
+    --workloads resnet50 --steps infer --budget 10m --plain-timeout 120 \
+    --plain-modes reduce-overhead
   (export CUDA_VISIBLE_DEVICES=0
     job kernels_tests 150 python3 -m pytest -q -m gpu tests/kernels
-    # bias_act's GELU variants first (~10 s), then the long rows' L2 and pieces experiments.
-    job kernel_configs 140 python3 benchmarks/kernel_configs.py --out "$ROOT/kernels/long" \
-      --budget-s 110
     kb=$((DEADLINE_S - SECONDS - 50))
     ((kb > 280)) && kb=280
     job kernels $((kb + 50)) python3 benchmarks/bench_kernels.py --out "$ROOT/kernels" \

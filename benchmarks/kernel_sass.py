@@ -16,9 +16,10 @@ For each configuration it compiles the kernel for sm_90 with Triton's own compil
 front end, LLVM and the bundled ptxas all run on the CPU), disassembles the cubin with the
 bundled cuobjdump, and counts the instructions of the whole (loop-free) kernel over the
 elements one thread handles, with the integer arguments specialised as at the bench's launch
-(compile_sm90). It also counts the softmax forward at 12672 columns: the single block padded to
-16384 and the pieces kernel. Writes DIR/kernel_sass.json with the environment and prints a
-table last. Needs the `triton` extra.
+(compile_sm90). It also counts the softmax forward at 12672 columns (the single block padded to
+16384; session 8 also counted a kernel holding the row as power-of-two pieces, 21.7 against
+25.9 at bf16, which then ran slower on the H200 and was removed in session 9). Writes
+DIR/kernel_sass.json with the environment and prints a table last. Needs the `triton` extra.
 """
 
 from __future__ import annotations
@@ -135,10 +136,9 @@ def bias_act_rows(cols: int) -> list[dict[str, Any]]:
 
 
 def softmax_rows(cols: int) -> list[dict[str, Any]]:
-    """The single-block forward (padded to a power of two) and the pieces kernel, plain and
-    masked: instructions per element of the row, padding included in the cost."""
+    """The single-block forward (padded to a power of two), plain and masked: instructions per
+    element of the row, padding included in the cost."""
     from torchkiln.kernels import _softmax as ks
-    from torchkiln.kernels import _softmax_pieces as kp
 
     mask_args = {"H": "i32", "Q": "i32", "smb": "i32", "smh": "i32", "smq": "i32",
                  "smk": "i32", "scale": "fp32"}  # fmt: skip
@@ -151,15 +151,10 @@ def softmax_rows(cols: int) -> list[dict[str, Any]]:
                    **mask_args}  # fmt: skip
             common = {"MASK_KIND": kind, "SAFE": kind != ks.MASK_NONE}
             block_m, block_n, warps = ks.forward_config(cols, kind != ks.MASK_NONE, itemsize)
-            p0, p1, p2 = kp.pieces(cols)
             variants = [
                 (f"single block {block_n} w{warps}", ks._softmax_fwd_block,
                  {**common, "BLOCK_M": block_m, "BLOCK_N": block_n}, warps, block_m),
             ]  # fmt: skip
-            if p1:
-                for w in (16, 32):
-                    variants.append((f"pieces {p0}+{p1}+{p2} w{w}", kp._softmax_fwd_pieces,
-                                     {**common, "P0": p0, "P1": p1, "P2": p2}, w, 1))  # fmt: skip
             # The bench's attention shape: [1, 8, 512, N] scores, a [1, 1, 512, N] bool mask.
             heads, q = 8, ROWS // 8
             ints = {"M": ROWS, "N": cols, "H": heads, "Q": q}

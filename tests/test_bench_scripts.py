@@ -203,3 +203,10 @@ def test_bench_zoo_aa_check_on_the_cpu_writes_its_verdict(tmp_path):
     r = verdict["pair_ratios"]
     assert verdict["speedup"] == pytest.approx((r[0] * r[1] * r[2]) ** (1 / 3))
     assert not (tmp_path / "aa_check.json").exists()
+
+
+def test_bench_tune_rejects_an_unknown_plain_mode_before_tuning():
+    # Checked at the start: a typo must not cost a 10-minute tune first.
+    out = _run_benchmark("bench_tune.py", "--plain-modes", "reduce-overhead,turbo")
+    assert out.returncode == 2
+    assert "--plain-modes: unknown ['turbo']" in out.stderr and "== tune" not in out.stdout

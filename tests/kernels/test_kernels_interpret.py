@@ -70,34 +70,27 @@ def test_looped_forward_with_fewer_programs_than_rows_covers_every_row(interpret
     assert torch.equal(y[0, 0, 4], torch.zeros(50))
 
 
-@pytest.mark.parametrize("hints, reverse", [(True, False), (False, True), (True, True)])
-def test_looped_forward_l2_experiments_compute_the_same_softmax(interpreted, hints, reverse):
-    # The second pass from the row's end and the cache hints change the order of memory
-    # traffic only: a partial last chunk (50 = 3 x 16 + 2), a mask, a fully masked row.
+def test_fp32_long_rows_take_the_hinted_loop_and_compute_softmax(interpreted):
+    # 20000 fp32 columns: the default path for rows of 16385-32768 (LONG_FP32_LOOP's 8192-long
+    # chunks, the last one partial), checked against torch as every other path.
+    x = _randn((2, 20000), torch.float32)
+    y = interpreted("_softmax", "softmax_forward", x)
+    assert_close(y, softmax_ref(x), torch.float32, "fp32 20000, hinted loop")
+
+
+def test_looped_forward_with_l2_hints_computes_the_same_softmax(interpreted):
+    # The cache hints change how memory traffic is cached only: a partial last chunk
+    # (50 = 3 x 16 + 2), a mask, a fully masked row.
     x = _randn((1, 2, 3, 50), torch.float32)
     mask = torch.ones(1, 1, 3, 50, dtype=torch.bool)
     mask[0, 0, 1] = False
     mask[0, 0, 2, :7] = False
-    kw = {"max_block_n": 16, "loop_l2_hints": hints, "loop_reverse": reverse}
+    kw = {"max_block_n": 16, "loop_l2_hints": True}
     y = interpreted("_softmax", "softmax_forward", x, **kw)
-    assert_close(y, softmax_ref(x), torch.float32, "looped forward, L2 experiments")
+    assert_close(y, softmax_ref(x), torch.float32, "looped forward, L2 hints")
     y = interpreted("_softmax", "softmax_forward", x, mask, 0.5, safe=True, **kw)
-    assert_close(y, masked_softmax_ref(x, mask, 0.5), torch.float32, "masked, L2 experiments")
+    assert_close(y, masked_softmax_ref(x, mask, 0.5), torch.float32, "masked, L2 hints")
     assert torch.equal(y[0, :, 1], torch.zeros(2, 50))
-
-
-@pytest.mark.parametrize("shape", [(3, 129), (2, 3, 781)], ids=["3x129", "2x3x781"])
-def test_pieces_forward_matches_reference(interpreted, shape):
-    # The experimental kernel for rows that are not a power of two (_softmax_pieces): 129 is
-    # 128 + 1, 781 is 512 + 256 + a last piece of 256 partly past the row's end.
-    x = _randn(shape, torch.float32)
-    y = interpreted("_softmax_pieces", "softmax_forward_pieces", x)
-    assert_close(y, softmax_ref(x), torch.float32, f"pieces forward {shape}")
-    mask = torch.rand(shape[-2:], generator=torch.Generator().manual_seed(5)) < 0.8
-    mask[1] = False  # a fully masked row gives zeros
-    y = interpreted("_softmax_pieces", "softmax_forward_pieces", x, mask, 0.5, safe=True)
-    assert_close(y, masked_softmax_ref(x, mask, 0.5), torch.float32, f"pieces masked {shape}")
-    assert torch.equal(y[..., 1, :], torch.zeros_like(y[..., 1, :]))
 
 
 def test_softmax_kernel_row_of_neg_inf_is_nan_like_torch(interpreted):
@@ -178,6 +171,18 @@ def test_gelu_erfc_polynomial_is_exact_gelu_to_fp32_precision_in_both_tails(inte
     # The same inputs through tl.erf lose the tail (the cancellation the polynomial avoids).
     y_erf = interpreted("_bias_act", "bias_act_forward", x, bias, "gelu", 1.0)
     assert worst_relative(y_erf) > 0.5
+
+
+def test_act_code_takes_the_inline_ptx_gelu_only_on_nvidia_gpus():
+    # GELU_POLY_FAST's inline PTX cannot run in the interpreter (CPU tensors) or on ROCm: there
+    # 2-byte GELU takes the plain polynomial, fp32 keeps tl.erf, relu is relu.
+    pytest.importorskip("triton")
+    from torchkiln.kernels._bias_act import ACT_CODES, GELU_POLY, act_code
+
+    assert act_code("gelu", torch.zeros(1, dtype=torch.bfloat16)) == GELU_POLY
+    assert act_code("gelu", torch.zeros(1, dtype=torch.float16)) == GELU_POLY
+    assert act_code("gelu", torch.zeros(1)) == ACT_CODES["gelu"]
+    assert act_code("relu", torch.zeros(1, dtype=torch.bfloat16)) == ACT_CODES["relu"]
 
 
 def test_bias_act_backward_programs_loop_over_row_blocks(interpreted):

@@ -16,11 +16,13 @@ from torchkiln.kernels._launch import cdiv, launchable, next_power_of_2
 ACT_CODES = {"relu": 0, "gelu": 1}
 # GELU through the erfc polynomial (_gelu_poly) instead of tl.erf, for 2-byte dtypes: on the H200
 # the bf16 forward with tl.erf was compute-bound, 62% of the copy ceiling against relu's 94%
-# (session 7, benchmarks/kernel_configs.py), and Inductor's kernel the same; the polynomial
-# reached 73% (session 8). The kernel is issue-bound (SASS instructions per bf16 element,
-# benchmarks/kernel_sass.py: relu 10.5, tl.erf 41.5, that polynomial 40.0, this one 33.5), so
-# GELU_POLY_FAST also takes the approximate rcp and exp2 (26.5): experimental, not chosen by
-# act_code until a GPU has measured it (benchmarks/kernel_configs.py times it).
+# (session 7, benchmarks/kernel_configs.py), and Inductor's kernel the same. The kernel is
+# issue-bound (SASS instructions per bf16 element, benchmarks/kernel_sass.py: relu 10.5, tl.erf
+# 41.5, the polynomial 33.5, with the hardware's approximate rcp and exp2 26.5). Session 9, bf16
+# 4096 x 16384 (kernel_configs.py): tl.erf 62%, polynomial 79%, GELU_POLY_FAST 90% (relu 93%),
+# all three with the same max error against torch's fp32 gelu (0.0078, one bf16 ulp at 2-4).
+# GELU_POLY_FAST's inline PTX runs on NVIDIA GPUs only: elsewhere (ROCm, the interpreter on CPU
+# tensors) 2-byte GELU takes GELU_POLY. fp32 keeps tl.erf (93%: memory-bound already).
 GELU_POLY, GELU_POLY_FAST = 2, 3
 # Tiles of up to 8 rows x 1024 columns (rows share one bias load). Forward: 4096 elements, 16 per
 # thread at 8 warps; backward (two inputs and an fp32 accumulator): 2048. Sizes chosen with
@@ -123,10 +125,13 @@ def _act_grad(z, ACT: tl.constexpr):
     return g
 
 
-def act_code(act: str, itemsize: int) -> int:
-    """The kernels' ACT constexpr: gelu on 2-byte dtypes takes the erfc polynomial."""
+def act_code(act: str, x: torch.Tensor) -> int:
+    """The kernels' ACT constexpr for `act` on `x`: gelu on 2-byte dtypes takes the erfc
+    polynomial, with the approximate rcp and exp2 where the tensor is on an NVIDIA GPU."""
     code = ACT_CODES[act]
-    return GELU_POLY if code == ACT_CODES["gelu"] and itemsize == 2 else code
+    if code != ACT_CODES["gelu"] or x.element_size() != 2:
+        return code
+    return GELU_POLY_FAST if x.is_cuda and torch.version.hip is None else GELU_POLY
 
 
 @triton.jit
@@ -196,7 +201,7 @@ def bias_act_forward(
     grid = (cdiv(m, block_m), cdiv(n, block_n))
     launchable(_bias_act_fwd)[grid](
         x, bias, y, m, n, float(scale),
-        ACT=act_code(act, x.element_size()) if code is None else code, BLOCK_M=block_m,
+        ACT=act_code(act, x) if code is None else code, BLOCK_M=block_m,
         BLOCK_N=block_n, num_warps=num_warps,
     )  # fmt: skip
     return y
@@ -230,7 +235,7 @@ def bias_act_backward(
     partial = torch.empty((groups, n), dtype=torch.float32, device=x.device)
     launchable(_bias_act_bwd)[(groups, col_blocks)](
         x, bias, dy, dx, partial, m, n, rows_per_prog, float(scale),
-        ACT=act_code(act, x.element_size()) if code is None else code, BLOCK_M=block_m,
+        ACT=act_code(act, x) if code is None else code, BLOCK_M=block_m,
         BLOCK_N=block_n, num_warps=num_warps,
     )  # fmt: skip
     return dx, partial.sum(0).to(bias.dtype)

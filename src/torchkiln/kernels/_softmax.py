@@ -31,6 +31,14 @@ ROW_TILE_SHORT, ROW_TILE = 2048, 4096
 MASKED_WIDE_BLOCK_N = 16384
 
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
+# fp32 softmax rows longer than half the cap (so held in a 32768-element block): the looped kernel
+# with 8192-element chunks at 16 warps and its L2 hints instead. H200, 4096 x 32768 (session 9,
+# benchmarks/kernel_configs.py): 80% of the copy ceiling against the 32-warp block's 71% (the
+# same loop without hints 65%, reversed 70%). A 32-warp block of more than 32 registers a thread
+# is alone on its SM, so one row is in flight per SM and its reductions stall the loads. Not for
+# bf16 (the loop 58% against the block's 64%) nor the masked forward (fp32 51% against 77%);
+# rows past the cap keep the loop's defaults (unmeasured with hints: the bench stops at 32768).
+LONG_FP32_LOOP = (8192, 16)
 
 
 @triton.jit
@@ -114,16 +122,16 @@ def _softmax_fwd_block(
 def _softmax_fwd_loop(
     x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale,
     MASK_KIND: tl.constexpr, SAFE: tl.constexpr, BLOCK_N: tl.constexpr,
-    L2_HINTS: tl.constexpr = False, REVERSE: tl.constexpr = False,
+    L2_HINTS: tl.constexpr = False,
 ):  # fmt: skip
     scale = tl.cast(scale, tl.float32)  # Inductor passes Python floats as fp64 (H200 run)
     # Rows pid, pid + G, ... for a grid of G programs: one row each when G == M. A smaller grid
     # keeps fewer rows in flight, so a row's second read may come from L2 (softmax_forward's
-    # `loop_programs`). Two experiments toward the same end, off by default until measured
-    # (benchmarks/kernel_configs.py): L2_HINTS keeps the first pass's reads in L2 (evict_last)
-    # and streams the second pass's reads and the stores (evict_first, .cs) so the output does
-    # not push the input out; REVERSE takes the second pass from the row's end, where the
-    # first pass's most recent reads are.
+    # `loop_programs`; it did not help on the H200, sessions 8-9). L2_HINTS keeps the first
+    # pass's reads in L2 (evict_last) and streams the second pass's reads and the stores
+    # (evict_first, .cs) so the output does not push the input out: the default for fp32 rows
+    # of 16385-32768 (LONG_FP32_LOOP). Taking the second pass from the row's end instead
+    # (where the first pass's latest reads are) measured 70% against the hints' 80%: removed.
     for r in range(tl.program_id(0), M, tl.num_programs(0)):
         row = r + tl.full([], 0, tl.int64)  # int64 addressing (the interpreter gives an int)
         x_row = x_ptr + row * N
@@ -146,7 +154,7 @@ def _softmax_fwd_loop(
         inv = _inverse(tl.sum(run_sum * tl.exp(run_max - row_max), axis=0), SAFE)
         chunks = tl.cdiv(N, BLOCK_N)
         for i in range(0, chunks):
-            start = ((chunks - 1 - i) if REVERSE else i) * BLOCK_N
+            start = i * BLOCK_N
             cols = start + tl.arange(0, BLOCK_N)
             inb = cols < N
             z = _scores(x_row + cols, m_row + cols * smk, inb, inb, scale, MASK_KIND,
@@ -226,6 +234,12 @@ def forward_config(n_cols: int, masked: bool, itemsize: int) -> tuple[int, int, 
     return block_m, block_n, num_warps
 
 
+def takes_hinted_loop(n_cols: int, masked: bool, itemsize: int) -> bool:
+    """Whether the forward over rows of `n_cols` takes the looped kernel with L2 hints
+    (LONG_FP32_LOOP) although the row would fit one block: fp32, no mask, 16385-32768."""
+    return not masked and itemsize == 4 and MAX_BLOCK_N // 2 < n_cols <= MAX_BLOCK_N
+
+
 def mask_layout(shape: tuple[int, ...], mask: torch.Tensor) -> tuple[int, int, tuple[int, ...]]:
     """(H, Q, strides) that address `mask` broadcast over scores of `shape` (1 to 4 dims, read
     as [B, H, Q, K] aligned from the right, as broadcasting aligns them): a mask dimension of
@@ -265,7 +279,6 @@ def softmax_forward(
     loop_warps: int = 8,
     loop_programs: int | None = None,
     loop_l2_hints: bool = False,
-    loop_reverse: bool = False,
 ) -> torch.Tensor:
     """softmax(scale * x + mask) over the last dim of a contiguous `x`.
 
@@ -273,13 +286,17 @@ def softmax_forward(
     (True = keep) or floating (added). `safe` gives zeros for rows with no
     finite score. `max_block_n` lets tests reach the looped kernel with short rows; the looped
     kernel's chunk, warps, grid (`loop_programs` programs taking rows in turn; one per row
-    when None) and its L2 experiments (`loop_l2_hints`, `loop_reverse`) are parameters so
-    benchmarks/kernel_configs.py can time them.
+    when None) and its cache hints (`loop_l2_hints`) are parameters so benchmarks/kernel_configs.py
+    can time them; fp32 rows of 16385-32768 without a mask take the hinted loop
+    (LONG_FP32_LOOP).
     """
     y, kind, common = forward_args(x, mask, scale)
     if x.numel() == 0:
         return y
     m, n = common[3], common[4]
+    if takes_hinted_loop(n, kind != MASK_NONE, x.element_size()) and n <= max_block_n:
+        loop_block_n, loop_warps = LONG_FP32_LOOP
+        loop_l2_hints, max_block_n = True, MAX_BLOCK_N // 2  # into the loop below
     if n <= max_block_n:
         block_m, block_n, num_warps = forward_config(n, kind != MASK_NONE, x.element_size())
         launchable(_softmax_fwd_block)[(cdiv(m, block_m),)](
@@ -290,7 +307,7 @@ def softmax_forward(
         grid = m if loop_programs is None else max(1, min(m, loop_programs))
         launchable(_softmax_fwd_loop)[(grid,)](
             *common, MASK_KIND=kind, SAFE=safe, BLOCK_N=min(loop_block_n, max_block_n),
-            L2_HINTS=loop_l2_hints, REVERSE=loop_reverse, num_warps=loop_warps,
+            L2_HINTS=loop_l2_hints, num_warps=loop_warps,
         )  # fmt: skip
     return y
 
