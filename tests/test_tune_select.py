@@ -141,7 +141,7 @@ def test_independent_trials_run_at_once_one_per_gpu():
     started = threading.Barrier(2, timeout=10)  # both must be running at the same time
     seen = []
 
-    def fake_run_one(spec, gpu):
+    def fake_run_one(spec, gpu, cpus=None):
         started.wait()
         seen.append((spec.variant, gpu))
         return {"variant": spec.variant, "gpu": gpu}

@@ -192,6 +192,7 @@ def bench(
 def _bench_trial(
     spec: TrialSpec,
     gpu: int | None,
+    cpus: list[int] | None = None,
     *,
     run_path: str,
     timeout_s: float,
@@ -213,8 +214,9 @@ def _bench_trial(
             spec, trial_dir, timeout_s=timeout_s, cache_dir=cache_dir, gpu=gpu, **dist
         )
     return run_trial(
-        spec, trial_dir, timeout_s=timeout_s, cache_dir=cache_dir, on_phase=phase, gpu=gpu
-    )
+        spec, trial_dir, timeout_s=timeout_s, cache_dir=cache_dir, on_phase=phase, gpu=gpu,
+        cpus=cpus,
+    )  # fmt: skip
 
 
 def run_trials(

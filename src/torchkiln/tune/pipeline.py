@@ -428,7 +428,9 @@ def tune(
 
     caps: dict[str, tuple[float, str]] = {}  # trial id -> (its cap, why); search trials only
 
-    def run_one(spec: TrialSpec, gpu: int | None = None) -> dict[str, Any]:
+    def run_one(
+        spec: TrialSpec, gpu: int | None = None, cpus: list[int] | None = None
+    ) -> dict[str, Any]:
         done = run.load_result(spec.id)
         if done is None and in_process:
             done = run_in_process(spec)
@@ -444,6 +446,7 @@ def tune(
                 run.trial_dir(spec.id),
                 timeout_s=min(limit, cap),
                 gpu=gpu,
+                cpus=cpus,
                 on_phase=lambda ph: events.trial_phase(spec.variant, ph, left()),
             )
             if capped and done.get("status") == "timeout":
