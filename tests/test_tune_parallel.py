@@ -32,7 +32,10 @@ def test_independent_candidates_run_at_once_one_per_gpu(tmp_path, monkeypatch):
         speedup = 1.0 if spec.variant == "eager" else 2.0 - 0.01 * (spec.index % 50)
         if spec.baseline != "eager":
             speedup = 0.9
-        result = _trial(spec.variant, 10.0 / speedup, speedup, 0.0 if spec.index == 0 else 5.0)
+        # Index 3 has the shortest step but not the best speedup (its own eager read faster),
+        # so the finalists are two challengers: the runner-up by speedup and the fastest.
+        ms = 4.0 if spec.index == 3 and spec.baseline == "eager" else 10.0 / speedup
+        result = _trial(spec.variant, ms, speedup, 0.0 if spec.index == 0 else 5.0)
         result.update(id=spec.id, baseline=spec.baseline, process_wall_s=1.0)
         return result
 
@@ -67,6 +70,19 @@ def test_independent_candidates_run_at_once_one_per_gpu(tmp_path, monkeypatch):
     # The eager baseline ran first and alone (every candidate is compared with it).
     eager = next(c for c in calls if c["index"] == 0)
     assert all(c["start"] >= eager["end"] for c in calls if c is not eager)
+    # The head-to-head trials, which decide the pick, ran one at a time and alone.
+    h2h = [c for c in calls if c["baseline"] != "eager"]
+    assert len(h2h) >= 2, calls
+    assert not any(
+        a is not b and a["start"] < b["end"] and b["start"] < a["end"] for a in h2h for b in calls
+    )
+    # Search trials that ran side by side carry the note; the head-to-head's do not.
+    notes = {t["variant"]: t.get("notes", []) for t in doc["trials"] if t["variant"] != "eager"}
+    assert all(any("timed while 1 other trial" in n for n in ns) for ns in notes.values())
+    assert doc["head_to_head_trials"]
+    assert not any(
+        "timed while" in n for t in doc["head_to_head_trials"] for n in t.get("notes", [])
+    )
     # The tune still ends with a pick and the head-to-head of its finalists.
     assert doc["selection"]["best"] is not None
     assert (tmp_path / "t" / "report.html").exists()
