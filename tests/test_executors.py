@@ -27,7 +27,7 @@ KILLABLE = "tests/fixtures/dist_workloads.py:waits_to_be_killed"
 FAST = {"reps": 3, "rep_ms": 5.0, "warmup_s": 0.0, "warmup_steps": 2, "check_accuracy": False}
 
 
-def fake_run_one(spec: TrialSpec, gpu: int | None, cpus: list[int] | None = None) -> dict:
+def fake_run_one(spec: TrialSpec, gpu: int | None, **share: object) -> dict:
     if spec.variant == "boom":
         raise OSError("disk full")
     time.sleep(0.05 * (3 - spec.index))  # later trials finish first
@@ -111,8 +111,11 @@ def test_a_trial_process_killed_mid_trial_is_reported_and_the_others_kept(tmp_pa
     killer.start()
     streamed = {}
 
-    def run_one(spec, gpu, cpus=None):
-        return run_trial(spec, tmp_path / spec.id, timeout_s=120, cpus=cpus)
+    def run_one(spec, gpu, cpus=None, host_lock=None):
+        # The pool's lock file too: a trial killed while holding it must not stall the others
+        # (the kernel drops a dead process's flock).
+        assert host_lock is not None
+        return run_trial(spec, tmp_path / spec.id, timeout_s=120, cpus=cpus, host_lock=host_lock)
 
     results = PoolExecutor(slots=[None, None]).run(
         specs, run_one, on_result=lambda s, r: streamed.__setitem__(s.id, r["status"])
@@ -141,12 +144,18 @@ def test_pool_slots_get_disjoint_cpus_and_each_trial_its_slots(monkeypatch):
     assert pool.describe()["cpus"] == [[0, 1], [2, 3]]
     seen = {}
 
-    def run_one(spec, gpu, cpus=None):
+    locks = set()
+
+    def run_one(spec, gpu, cpus=None, host_lock=None):
         seen[spec.variant] = (gpu, cpus)
+        locks.add(host_lock)
         return {"variant": spec.variant, "status": "ok"}
 
     pool.run([TrialSpec("w", v, index=i) for i, v in enumerate("abcd")], run_one)
     assert {gpu: cpus for gpu, cpus in seen.values()} == {0: [0, 1], 1: [2, 3]}
+    # One lock file for the whole pool, removed when the pool is done.
+    (lock,) = locks
+    assert lock and not os.path.exists(lock)
     # A host with fewer cores than slots: trials still run, unpinned.
     monkeypatch.setattr(ex, "cpu_shares", lambda n: None)
     assert PoolExecutor(slots=[0, 1]).cpus == [None, None]

@@ -19,13 +19,22 @@ def test_independent_candidates_run_at_once_one_per_gpu(tmp_path, monkeypatch):
     lock = threading.Lock()
 
     def fake_run_trial(
-        spec, trial_dir, *, timeout_s, gpu=None, cpus=None, on_phase=None, cache_dir=None
+        spec,
+        trial_dir,
+        *,
+        timeout_s,
+        gpu=None,
+        cpus=None,
+        host_lock=None,
+        on_phase=None,
+        cache_dir=None,
     ):
         start = time.monotonic()
         time.sleep(0.3)  # long enough for a batch's trials to overlap
         with lock:
             calls.append(
                 {"variant": spec.variant, "index": spec.index, "gpu": gpu, "cpus": cpus,
+                 "host_lock": host_lock,
                  "baseline": spec.baseline, "start": start, "end": time.monotonic()}
             )  # fmt: skip
         # Earlier candidates lead (2.0x, 1.99x, ...); head-to-head challengers lose.
@@ -76,13 +85,11 @@ def test_independent_candidates_run_at_once_one_per_gpu(tmp_path, monkeypatch):
     assert not any(
         a is not b and a["start"] < b["end"] and b["start"] < a["end"] for a in h2h for b in calls
     )
-    # Search trials that ran side by side carry the note; the head-to-head's do not.
-    notes = {t["variant"]: t.get("notes", []) for t in doc["trials"] if t["variant"] != "eager"}
-    assert all(any("timed while 1 other trial" in n for n in ns) for ns in notes.values())
-    assert doc["head_to_head_trials"]
-    assert not any(
-        "timed while" in n for t in doc["head_to_head_trials"] for n in t.get("notes", [])
-    )
+    # Search trials side by side took turns on one lock file (one per batch); trials run alone
+    # had none.
+    assert all(c["host_lock"] for c in search)
+    assert all(a["host_lock"] == b["host_lock"] for a, b in overlapping)
+    assert all(c["host_lock"] is None for c in [*h2h, eager])
     # The tune still ends with a pick and the head-to-head of its finalists.
     assert doc["selection"]["best"] is not None
     assert (tmp_path / "t" / "report.html").exists()

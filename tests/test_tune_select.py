@@ -141,7 +141,7 @@ def test_independent_trials_run_at_once_one_per_gpu():
     started = threading.Barrier(2, timeout=10)  # both must be running at the same time
     seen = []
 
-    def fake_run_one(spec, gpu, cpus=None):
+    def fake_run_one(spec, gpu, **share):
         started.wait()
         seen.append((spec.variant, gpu))
         return {"variant": spec.variant, "gpu": gpu}
@@ -150,8 +150,6 @@ def test_independent_trials_run_at_once_one_per_gpu():
     out = run_batch(fake_run_one, specs, [0, 1])
     assert [r["variant"] for r in out] == ["a", "b"]  # results in the order asked
     assert sorted(seen) == [("a", 0), ("b", 1)]
-    # Each says it was timed beside another trial (host-bound steps can read slower).
-    assert all("timed while 1 other trial(s) ran" in r["notes"][0] for r in out)
 
 
 def test_estimates_learn_from_measured_compile_times():

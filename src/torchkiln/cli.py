@@ -231,7 +231,8 @@ class _TuneProgress:
         self.console.print(f"[bold]{name}[/bold] {detail}  [dim]({seconds_left:.0f} s left)[/dim]")
 
     def trial_phase(self, spec, phase, seconds_left) -> None:
-        if phase not in ("first_call", "measure", "correctness_compile"):
+        # A pooled trial's wait for its turn on the host shows as "<phase> (waiting for ...)".
+        if phase not in ("first_call", "measure", "correctness_compile") and "waiting" not in phase:
             return
         label = {"first_call": "compiling (first call)", "measure": "measuring"}.get(phase, phase)
         self.console.print(f"  [dim]{spec}: {label} ({seconds_left:.0f} s left)[/dim]")

@@ -7,8 +7,9 @@ dies loses only the trials still running. Results come back in spec order as wel
 
 - ``LocalExecutor``: one trial after another (the default).
 - ``PoolExecutor``: one trial per slot at once; a slot is a GPU index, pinned with
-  CUDA_VISIBLE_DEVICES by ``run_one``, and with several slots each also gets its own share of
-  the host's physical cores (``cpu_shares``), passed to ``run_one`` as ``cpus``.
+  CUDA_VISIBLE_DEVICES by ``run_one``. With several slots each also gets its own share of the
+  host's physical cores (``cpu_shares``, passed to ``run_one`` as ``cpus``), and all take turns
+  on one lock file (``host_lock``): no trial times its reps while another is busy.
 - ``RayExecutor``: one Ray task per trial (``num_gpus=1`` on GPU machines); Ray is an extra.
 
 A ``run_one`` that raises, or a Ray worker that dies, turns into a ``crashed`` result for that
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import tempfile
 import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -27,7 +29,8 @@ from typing import Any
 from torchkiln.errors import KilnUserError, MissingExtraError, require
 from torchkiln.runner.trial import TrialSpec, base_result
 
-# run_one(spec, gpu) or, from a pool of several slots, run_one(spec, gpu, cpus=[...]).
+# run_one(spec, gpu) or, from a pool of several slots, run_one(spec, gpu, cpus=[...],
+# host_lock=PATH).
 RunOne = Callable[..., dict[str, Any]]
 OnEvent = Callable[[TrialSpec, dict[str, Any]], None]
 OnStart = Callable[[TrialSpec], None]
@@ -64,13 +67,12 @@ class TrialExecutor:
         return {"name": self.name}
 
 
-def _call(
-    run_one: RunOne, spec: TrialSpec, gpu: int | None, cpus: list[int] | None = None
-) -> dict[str, Any]:
+def _call(run_one: RunOne, spec: TrialSpec, gpu: int | None, **share: Any) -> dict[str, Any]:
     """``run_one`` already turns a trial's crash into a status; a failure of ``run_one`` itself
-    (a full disk, a bug) must not take the other trials down, so it becomes one too."""
+    (a full disk, a bug) must not take the other trials down, so it becomes one too. ``share``:
+    how a pooled trial shares the host (``cpus``, ``host_lock``), passed on only when given."""
     try:
-        return run_one(spec, gpu) if cpus is None else run_one(spec, gpu, cpus=cpus)
+        return run_one(spec, gpu, **{k: v for k, v in share.items() if v is not None})
     except Exception as exc:  # noqa: BLE001  (every failure becomes a reported status)
         return lost_result(
             spec,
@@ -176,6 +178,16 @@ class PoolExecutor(TrialExecutor):
         return {"name": self.name, "slots": self.slots, "cpus": self.cpus}
 
     def run(self, specs, run_one, *, on_start=None, on_result=None):
+        if len(self.slots) < 2:
+            return self._run(specs, run_one, None, on_start, on_result)
+        fd, lock = tempfile.mkstemp(prefix="kiln-host-", suffix=".lock")
+        os.close(fd)
+        try:
+            return self._run(specs, run_one, lock, on_start, on_result)
+        finally:
+            os.unlink(lock)
+
+    def _run(self, specs, run_one, lock, on_start, on_result):
         results: list[dict[str, Any] | None] = [None] * len(specs)
         free = list(range(len(self.slots)))  # positions in self.slots (two may share a GPU)
         queue = list(enumerate(specs))
@@ -187,7 +199,10 @@ class PoolExecutor(TrialExecutor):
                     slot = free.pop(0)
                     if on_start:
                         on_start(spec)
-                    job = pool.submit(_call, run_one, spec, self.slots[slot], self.cpus[slot])
+                    job = pool.submit(
+                        _call, run_one, spec, self.slots[slot], cpus=self.cpus[slot],
+                        host_lock=lock,
+                    )  # fmt: skip
                     running[job] = (i, slot)
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for fut in done:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkiln.runner.autotune_log import autotune_rounds, describe
+from torchkiln.runner.host_lock import HOST_LOCK_ENV
 from torchkiln.runner.trial import TrialSpec, base_result
 from torchkiln.runner.worker import TRIAL_CPUS_ENV, partial_path
 
@@ -127,13 +128,20 @@ def run_trial(
     on_phase: Callable[[str], None] | None = None,
     gpu: int | None = None,
     cpus: Sequence[int] | None = None,
+    host_lock: str | None = None,
 ) -> dict[str, Any]:
     """``gpu`` pins the trial to one device (CUDA_VISIBLE_DEVICES), for one trial per GPU;
     ``cpus`` to those CPUs (the worker sets its affinity first thing), with Inductor's compile
-    threads and the intra-op threads held to as many."""
+    threads and the intra-op threads held to as many; ``host_lock`` is the pool's lock file,
+    on which the trial takes turns with the others (host_lock.py)."""
     env, fresh_cache = trial_env(trial_dir, cache_dir)
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    # Only the pool's own trials take turns or pin cores (not a nested run's).
+    env.pop(HOST_LOCK_ENV, None)
+    env.pop(TRIAL_CPUS_ENV, None)
+    if host_lock:
+        env[HOST_LOCK_ENV] = host_lock
     if cpus:
         env[TRIAL_CPUS_ENV] = ",".join(str(c) for c in cpus)
         env["TORCHINDUCTOR_COMPILE_THREADS"] = env["OMP_NUM_THREADS"] = str(len(cpus))

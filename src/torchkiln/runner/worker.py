@@ -14,6 +14,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from torchkiln.runner.host_lock import HostLock
 from torchkiln.runner.trial import TrialSpec, base_result
 
 # The CPUs a trial may use, comma-separated (launch.run_trial sets it for pooled trials).
@@ -48,9 +49,12 @@ class Phases:
     timeout or crash happened), and, with `partial`, what the trial measured before its
     correctness check, so a trial stopped there keeps its step times."""
 
-    def __init__(self, path: str | None, partial: str | Path | None = None) -> None:
+    def __init__(
+        self, path: str | None, partial: str | Path | None = None, lock: HostLock | None = None
+    ) -> None:
         self.path = path
         self.partial = partial
+        self.lock = lock  # a pooled trial's turn on the host (host_lock.py)
         self.current = "start"
         self.started = time.perf_counter()
         self.seconds: dict[str, float] = {}
@@ -58,6 +62,12 @@ class Phases:
     def __call__(self, name: str) -> None:
         now = time.perf_counter()
         self.seconds[self.current] = self.seconds.get(self.current, 0.0) + now - self.started
+        if self.lock is not None:
+            if self.path:
+                Path(self.path).write_text(f"{name} (waiting for the host)")
+            waited = self.lock.enter(name)
+            self.seconds["host_wait"] = self.seconds.get("host_wait", 0.0) + waited
+            now = time.perf_counter()
         self.current, self.started = name, now
         if self.path:
             Path(self.path).write_text(name)
@@ -116,6 +126,9 @@ def preflight(spec: TrialSpec) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     mode, spec_path, result_path, phase_path = argv
     pin_cpus()
+    lock = HostLock.from_env() if mode == "trial" else None
+    # Importing torch is work another trial's timed reps must not see: shared lock from here.
+    start_wait = lock.enter("start") if lock is not None else 0.0
     spec = TrialSpec.from_dict(json.loads(Path(spec_path).read_text()))
     if spec.threads:
         import torch
@@ -126,7 +139,9 @@ def main(argv: list[str]) -> int:
         return 0
     from torchkiln.runner.measure_trial import measure_trial
 
-    phases = Phases(phase_path, partial_path(result_path))
+    phases = Phases(phase_path, partial_path(result_path), lock)
+    if lock is not None:
+        phases.seconds["host_wait"] = start_wait
     t0 = time.perf_counter()
     result: dict[str, Any] = base_result(spec)
     try:
@@ -136,7 +151,7 @@ def main(argv: list[str]) -> int:
         result["status"] = classify_error(exc, phases.current)
         result["reason"] = f"{type(exc).__name__} during {phases.current}: {exc}"[:4000]
         result["traceback"] = traceback.format_exc()[-8000:]
-    phases("done")
+    phases("done")  # releases the host lock, if any
     result["phase"] = result.pop("failed_phase", "done")
     result["phase_s"] = phases.seconds
     result["wall_s"] = time.perf_counter() - t0

@@ -236,30 +236,14 @@ def visible_gpus(device: str) -> list[int | None]:
     return list(found) if len(found) > 1 else [None]
 
 
-# Trials on different GPUs still share the host. On the H200 (session 9, resnet50 inference, two
-# GPUs) a compiled variant without CUDA graphs, whose step is host-bound, read 3.38 ms (20.7%
-# coefficient of variation) beside another trial and 4.97 ms (9.8%) with each trial on its own
-# cores, against 2.60 ms (4.6%) alone in session 8; CUDA-graph variants read the same either
-# way. So search trials that ran side by side say so, and the head-to-head runs one at a time.
-BESIDE_NOTE = (
-    "timed while {n} other trial(s) ran on other GPUs of this host: a host-bound step can read "
-    "slower than alone (the head-to-head comparison runs alone)"
-)
-
-
 def run_batch(run_one: Any, specs: list[TrialSpec], slots: list[int | None]) -> list[dict]:
     """Run up to len(slots) trials at once, each pinned to its own GPU; results in order."""
     from torchkiln.runner.executors import LocalExecutor, PoolExecutor
 
     if len(specs) < 2 or len(slots) < 2:
         return LocalExecutor(slots[0]).run(specs, run_one)
-    results = PoolExecutor(slots[: len(specs)]).run(specs, run_one)
-    note = BESIDE_NOTE.format(n=min(len(specs), len(slots)) - 1)
-    for r in results:
-        notes = r.setdefault("notes", [])
-        if note not in notes:  # a resumed run reloads results that already carry it
-            notes.append(note)
-    return results
+    # Side by side, the trials take turns on the host for their timed reps (host_lock.py).
+    return PoolExecutor(slots[: len(specs)]).run(specs, run_one)
 
 
 def run_in_process(spec: TrialSpec) -> dict[str, Any]:
@@ -359,7 +343,7 @@ def _head_to_head_stage(
         return []
     names = ", ".join(s.variant for s in specs)
     events.stage("head to head", f"{names} against {leader['variant']}", left())
-    # One at a time, alone on the host (BESIDE_NOTE): this comparison decides the pick.
+    # One at a time: this comparison decides the pick, and its reps then wait on nothing.
     return run_batch(run_one, specs, slots[:1])
 
 
@@ -448,7 +432,10 @@ def tune(
     caps: dict[str, tuple[float, str]] = {}  # trial id -> (its cap, why); search trials only
 
     def run_one(
-        spec: TrialSpec, gpu: int | None = None, cpus: list[int] | None = None
+        spec: TrialSpec,
+        gpu: int | None = None,
+        cpus: list[int] | None = None,
+        host_lock: str | None = None,
     ) -> dict[str, Any]:
         done = run.load_result(spec.id)
         if done is None and in_process:
@@ -466,6 +453,7 @@ def tune(
                 timeout_s=min(limit, cap),
                 gpu=gpu,
                 cpus=cpus,
+                host_lock=host_lock,
                 on_phase=lambda ph: events.trial_phase(spec.variant, ph, left()),
             )
             if capped and done.get("status") == "timeout":

@@ -1,0 +1,69 @@
+"""One host, several trials: timed phases run only while no other trial is busy on the host.
+
+Trials run side by side, one per GPU, still share the host's cores, clocks and caches. On two
+H200s (session 9, resnet50 inference) a compiled variant without CUDA graphs, whose step is
+host-bound, read 3.38 ms at a 20.7% coefficient of variation beside another trial's compile
+and 4.97 ms at 9.8% with each trial on its own cores, against 2.60 ms at 4.6% alone; CUDA-graph
+variants were unaffected. Giving each trial its own cores did not remove it, so the pool takes
+turns instead: every pooled trial holds a shared lock on one file while it is busy (importing,
+building, compiling, checking) and an exclusive one while it times its reps, so reps are never
+taken while another trial works, and compiles still overlap each other. A trial holds at most
+one lock at a time and releases it between phases, so no two trials can wait on each other.
+Time spent waiting is its own phase (`host_wait` in the trial's `phase_s`), never part of the
+phase that follows: a compile's measured time does not include a wait for the lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+
+HOST_LOCK_ENV = "KILN_HOST_LOCK"
+# Phases whose timing is the result: the paired reps. Warm-up runs before them under the shared
+# lock (its steps are not the result, and a compiled baseline's warm-up may compile).
+TIMED_PHASES = frozenset({"measure", "measure_baseline"})
+# Phases that hold no lock: the trial is finished.
+IDLE_PHASES = frozenset({"done"})
+
+
+def lock_mode(phase: str) -> int | None:
+    """The flock mode a phase holds: exclusive for timed phases, none when done, else shared."""
+    if phase in TIMED_PHASES:
+        return fcntl.LOCK_EX
+    if phase in IDLE_PHASES:
+        return None
+    return fcntl.LOCK_SH
+
+
+class HostLock:
+    """The trial's side of the pool's lock file (HOST_LOCK_ENV). `enter(phase)` releases what
+    the previous phase held, takes what this one needs, and returns the seconds it waited."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.mode: int | None = None
+
+    @classmethod
+    def from_env(cls) -> HostLock | None:
+        path = os.environ.get(HOST_LOCK_ENV)
+        return cls(path) if path else None
+
+    def enter(self, phase: str) -> float:
+        mode = lock_mode(phase)
+        if mode == self.mode:
+            return 0.0
+        if self.mode is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            self.mode = None
+        if mode is None:
+            return 0.0
+        t0 = time.perf_counter()
+        fcntl.flock(self.fd, mode)
+        self.mode = mode
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        os.close(self.fd)  # closing the descriptor drops any lock it holds
+        self.mode = None

@@ -1,0 +1,113 @@
+"""Pooled trials take turns on the host: timed reps never overlap another trial's work."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from torchkiln.runner.host_lock import HOST_LOCK_ENV, HostLock, lock_mode
+from torchkiln.runner.launch import run_trial
+from torchkiln.runner.trial import TrialSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A stand-in trial: walks the phases it is given through the worker's Phases with the pool's
+# lock, recording when each phase held the host (after any wait) and when it ended.
+CHILD = textwrap.dedent(
+    """
+    import json, sys, time
+    from torchkiln.runner.host_lock import HostLock
+    from torchkiln.runner.worker import Phases
+
+    plan = json.loads(sys.argv[1])
+    time.sleep(plan["delay"])
+    lock = HostLock.from_env()
+    lock.enter("start")
+    phases = Phases(None, None, lock)
+    spans = []
+    for name, hold in plan["phases"]:
+        phases(name)
+        t0 = time.monotonic()
+        time.sleep(hold)
+        spans.append([name, t0, time.monotonic()])
+    phases("done")
+    print(json.dumps({"spans": spans, "host_wait": phases.seconds.get("host_wait", 0.0)}))
+    """
+)
+
+
+def _start(lock_path: Path, plan: dict) -> subprocess.Popen:
+    env = {**os.environ, HOST_LOCK_ENV: str(lock_path), "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, json.dumps(plan)], env=env, stdout=subprocess.PIPE, text=True
+    )
+
+
+def test_timed_phases_are_exclusive_and_the_rest_shared():
+    assert lock_mode("measure") == lock_mode("measure_baseline") == fcntl.LOCK_EX
+    for phase in ("start", "setup", "build", "first_call", "warmup", "baseline", "correctness"):
+        assert lock_mode(phase) == fcntl.LOCK_SH
+    assert lock_mode("done") is None
+
+
+def test_two_trials_never_time_reps_while_the_other_works(tmp_path):
+    lock = tmp_path / "host.lock"
+    # A compiles for 1.5 s then measures; B, started while A compiles, wants to measure at once.
+    a = _start(lock, {"delay": 0.0, "phases": [["first_call", 1.5], ["measure", 0.5]]})
+    b = _start(lock, {"delay": 0.5, "phases": [["measure", 0.5], ["correctness", 0.2]]})
+    out_a, out_b = (json.loads(p.communicate(timeout=60)[0]) for p in (a, b))
+    spans = [("a", *s) for s in out_a["spans"]] + [("b", *s) for s in out_b["spans"]]
+    for who, name, t0, t1 in spans:
+        if name != "measure":
+            continue
+        for other, other_name, u0, u1 in spans:
+            if other != who:
+                assert t1 <= u0 or u1 <= t0, f"{who}'s reps overlapped {other}'s {other_name}"
+    # B's reps waited for A's compile to end (it asked ~1 s before): the wait is its own phase.
+    b_measure = next(s for s in out_b["spans"] if s[0] == "measure")
+    a_compile = next(s for s in out_a["spans"] if s[0] == "first_call")
+    assert b_measure[1] >= a_compile[2]
+    assert out_b["host_wait"] > 0.5
+
+
+def test_compiles_overlap_each_other(tmp_path):
+    # Shared phases do not wait on each other: the pool's compiles still run side by side.
+    lock = tmp_path / "host.lock"
+    procs = [_start(lock, {"delay": 0.0, "phases": [["first_call", 1.0]]}) for _ in range(2)]
+    outs = [json.loads(p.communicate(timeout=60)[0]) for p in procs]
+    (_, a0, a1), (_, b0, b1) = outs[0]["spans"][0], outs[1]["spans"][0]
+    assert a0 < b1 and b0 < a1
+
+
+def test_a_lock_is_released_between_phases_and_when_closed(tmp_path):
+    path = tmp_path / "host.lock"
+    lock = HostLock(str(path))
+    lock.enter("measure")
+    probe = os.open(path, os.O_RDWR)
+    with pytest.raises(BlockingIOError):
+        fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    lock.enter("build")  # exclusive -> shared: another shared holder may now enter
+    fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    fcntl.flock(probe, fcntl.LOCK_UN)
+    lock.close()
+    fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nothing held any more
+    os.close(probe)
+
+
+def test_a_pooled_trial_records_its_wait_for_the_host(tmp_path):
+    spec = TrialSpec(
+        "tests/fixtures/workloads.py:tiny_mlp", "eager", preset="tiny", index=0, reps=3,
+        rep_ms=5.0, warmup_s=0.0, warmup_steps=2, check_accuracy=False,
+    )  # fmt: skip
+    result = run_trial(spec, tmp_path / "t", timeout_s=120, host_lock=str(tmp_path / "h.lock"))
+    assert result["status"] == "ok", result.get("reason")
+    assert result["phase_s"]["host_wait"] >= 0.0  # the worker took turns through the file
+    alone = run_trial(spec, tmp_path / "u", timeout_s=120)
+    assert "host_wait" not in alone["phase_s"]
