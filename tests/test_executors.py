@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -16,7 +14,6 @@ from torchkiln.errors import KilnUserError
 from torchkiln.runner.executors import (
     LocalExecutor,
     PoolExecutor,
-    cpu_shares,
     make_executor,
 )
 from torchkiln.runner.launch import run_trial
@@ -111,11 +108,11 @@ def test_a_trial_process_killed_mid_trial_is_reported_and_the_others_kept(tmp_pa
     killer.start()
     streamed = {}
 
-    def run_one(spec, gpu, cpus=None, host_lock=None):
+    def run_one(spec, gpu, host_lock=None):
         # The pool's lock file too: a trial killed while holding it must not stall the others
         # (the kernel drops a dead process's flock).
         assert host_lock is not None
-        return run_trial(spec, tmp_path / spec.id, timeout_s=120, cpus=cpus, host_lock=host_lock)
+        return run_trial(spec, tmp_path / spec.id, timeout_s=120, host_lock=host_lock)
 
     results = PoolExecutor(slots=[None, None]).run(
         specs, run_one, on_result=lambda s, r: streamed.__setitem__(s.id, r["status"])
@@ -126,54 +123,21 @@ def test_a_trial_process_killed_mid_trial_is_reported_and_the_others_kept(tmp_pa
     assert streamed == {"00-eager": "ok", "01-eager": "crashed", "02-eager_bf16": "ok"}
 
 
-def test_cpu_shares_split_whole_physical_cores():
-    # Two SMT threads per core (siblings numbered 16 apart, as on many hosts): a share never
-    # splits a core, so two trials never run on the two threads of one core.
-    cores = [[0, 16], [1, 17], [2, 18], [3, 19]]
-    assert cpu_shares(2, cores) == [[0, 16, 1, 17], [2, 18, 3, 19]]
-    assert cpu_shares(3, cores) == [[0, 16], [1, 17], [2, 18, 3, 19]]
-    assert cpu_shares(1, cores) == [[0, 16, 1, 17, 2, 18, 3, 19]]
-    assert cpu_shares(5, cores) is None  # fewer cores than trials: no partition at all
-
-
-def test_pool_slots_get_disjoint_cpus_and_each_trial_its_slots(monkeypatch):
-    import torchkiln.runner.executors as ex
-
-    monkeypatch.setattr(ex, "cpu_shares", lambda n: [[0, 1], [2, 3]][:n])
-    pool = PoolExecutor(slots=[0, 1])
-    assert pool.describe()["cpus"] == [[0, 1], [2, 3]]
+def test_pool_trials_share_one_lock_file_removed_after():
     seen = {}
-
     locks = set()
 
-    def run_one(spec, gpu, cpus=None, host_lock=None):
-        seen[spec.variant] = (gpu, cpus)
+    def run_one(spec, gpu, host_lock=None):
+        seen[spec.variant] = gpu
         locks.add(host_lock)
         return {"variant": spec.variant, "status": "ok"}
 
-    pool.run([TrialSpec("w", v, index=i) for i, v in enumerate("abcd")], run_one)
-    assert {gpu: cpus for gpu, cpus in seen.values()} == {0: [0, 1], 1: [2, 3]}
-    # One lock file for the whole pool, removed when the pool is done.
-    (lock,) = locks
+    specs = [TrialSpec("w", v, index=i) for i, v in enumerate("abcd")]
+    PoolExecutor(slots=[0, 1]).run(specs, run_one)
+    assert set(seen.values()) == {0, 1}
+    (lock,) = locks  # one lock file for the whole pool, removed when the pool is done
     assert lock and not os.path.exists(lock)
-    # A host with fewer cores than slots: trials still run, unpinned.
-    monkeypatch.setattr(ex, "cpu_shares", lambda n: None)
-    assert PoolExecutor(slots=[0, 1]).cpus == [None, None]
-
-
-@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="needs CPU affinity (Linux)")
-def test_a_trial_given_cpus_runs_on_them_with_as_many_threads(tmp_path):
-    cpu = min(os.sched_getaffinity(0))
-    spec = TrialSpec(MLP, "eager", preset="tiny", index=0, **FAST)
-    result = run_trial(spec, tmp_path / "t", timeout_s=120, cpus=[cpu])
-    assert result["status"] == "ok", result.get("reason")
-    assert result["cpus"] == [cpu]
-    assert result["settings"]["threads"] == 1  # OMP_NUM_THREADS held to the share
-    # The worker pins itself before anything else: a child given the variable runs there.
-    code = (
-        "import os; from torchkiln.runner.worker import pin_cpus; pin_cpus(); "
-        "print(sorted(os.sched_getaffinity(0)))"
-    )
-    env = {**os.environ, "KILN_TRIAL_CPUS": str(cpu)}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert out.stdout.strip() == f"[{cpu}]", out.stderr
+    # A pool of one slot has nobody to take turns with.
+    locks.clear()
+    PoolExecutor(slots=[0]).run([TrialSpec("w", "a")], run_one)
+    assert locks == {None}

@@ -192,7 +192,6 @@ def bench(
 def _bench_trial(
     spec: TrialSpec,
     gpu: int | None,
-    cpus: list[int] | None = None,
     host_lock: str | None = None,
     *,
     run_path: str,
@@ -216,7 +215,7 @@ def _bench_trial(
         )
     return run_trial(
         spec, trial_dir, timeout_s=timeout_s, cache_dir=cache_dir, on_phase=phase, gpu=gpu,
-        cpus=cpus, host_lock=host_lock,
+        host_lock=host_lock,
     )  # fmt: skip
 
 

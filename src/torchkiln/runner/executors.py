@@ -7,9 +7,8 @@ dies loses only the trials still running. Results come back in spec order as wel
 
 - ``LocalExecutor``: one trial after another (the default).
 - ``PoolExecutor``: one trial per slot at once; a slot is a GPU index, pinned with
-  CUDA_VISIBLE_DEVICES by ``run_one``. With several slots each also gets its own share of the
-  host's physical cores (``cpu_shares``, passed to ``run_one`` as ``cpus``), and all take turns
-  on one lock file (``host_lock``): no trial times its reps while another is busy.
+  CUDA_VISIBLE_DEVICES by ``run_one``. With several slots the trials take turns on one lock
+  file (``host_lock``, passed to ``run_one``): no trial times its reps while another is busy.
 - ``RayExecutor``: one Ray task per trial (``num_gpus=1`` on GPU machines); Ray is an extra.
 
 A ``run_one`` that raises, or a Ray worker that dies, turns into a ``crashed`` result for that
@@ -29,8 +28,7 @@ from typing import Any
 from torchkiln.errors import KilnUserError, MissingExtraError, require
 from torchkiln.runner.trial import TrialSpec, base_result
 
-# run_one(spec, gpu) or, from a pool of several slots, run_one(spec, gpu, cpus=[...],
-# host_lock=PATH).
+# run_one(spec, gpu) or, from a pool of several slots, run_one(spec, gpu, host_lock=PATH).
 RunOne = Callable[..., dict[str, Any]]
 OnEvent = Callable[[TrialSpec, dict[str, Any]], None]
 OnStart = Callable[[TrialSpec], None]
@@ -70,7 +68,7 @@ class TrialExecutor:
 def _call(run_one: RunOne, spec: TrialSpec, gpu: int | None, **share: Any) -> dict[str, Any]:
     """``run_one`` already turns a trial's crash into a status; a failure of ``run_one`` itself
     (a full disk, a bug) must not take the other trials down, so it becomes one too. ``share``:
-    how a pooled trial shares the host (``cpus``, ``host_lock``), passed on only when given."""
+    how a pooled trial shares the host (``host_lock``), passed on only when given."""
     try:
         return run_one(spec, gpu, **{k: v for k, v in share.items() if v is not None})
     except Exception as exc:  # noqa: BLE001  (every failure becomes a reported status)
@@ -116,47 +114,11 @@ def visible_gpus() -> list[int]:
     return list(range(torch.cuda.device_count()))
 
 
-def _physical_cores(allowed: set[int]) -> list[list[int]]:
-    """The allowed CPUs grouped by physical core (SMT siblings together), in CPU order; one
-    group per CPU where the topology cannot be read."""
-    groups: dict[str, list[int]] = {}
-    for cpu in sorted(allowed):
-        path = f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list"
-        try:
-            with open(path) as f:
-                key = f.read().strip()
-        except OSError:
-            key = f"cpu{cpu}"
-        groups.setdefault(key, []).append(cpu)
-    return sorted(groups.values(), key=min)
-
-
-def cpu_shares(n: int, cores: list[list[int]] | None = None) -> list[list[int]] | None:
-    """`n` disjoint sets of this process's CPUs, whole physical cores each, or None where there
-    are fewer cores than sets (or no affinity on this OS). Trials run side by side on different
-    GPUs still share the host: on the H200 (session 9, resnet50 inference, two GPUs) the trials
-    timed while the other GPU's trial compiled on every core were slowed and noisy where the
-    step is host-bound (eager+bf16 6.47 ms at a 23% coefficient of variation; compiled without
-    CUDA graphs 3.38 ms at 21%, against 2.60 ms at 5% alone) while CUDA-graph variants, which
-    barely use the host, were not (0.2-0.4%). A core of its own per trial, and Inductor's
-    compile threads held to it, keep one trial's compile off the other's timed steps."""
-    if cores is None:
-        if not hasattr(os, "sched_getaffinity"):
-            return None
-        cores = _physical_cores(set(os.sched_getaffinity(0)))
-    if n < 1 or len(cores) < n:
-        return None
-    return [
-        [cpu for core in cores[i * len(cores) // n : (i + 1) * len(cores) // n] for cpu in core]
-        for i in range(n)
-    ]
-
-
 class PoolExecutor(TrialExecutor):
     """As many trials at once as there are slots; each slot (a GPU index, or None for a CPU
     slot) runs one trial at a time, so no two trials share a GPU and time each other. With
-    several slots, each also has its own physical cores (cpu_shares) where the host has enough:
-    a trial compiling beside one being timed would otherwise slow its host-bound steps."""
+    several slots they also take turns on the host (host_lock.py): a trial's timed reps wait
+    until no other trial is working."""
 
     name = "pool"
 
@@ -171,11 +133,9 @@ class PoolExecutor(TrialExecutor):
         if not slots:
             raise ValueError("a pool needs at least one slot")
         self.slots = list(slots)
-        shares = cpu_shares(len(self.slots)) if len(self.slots) > 1 else None
-        self.cpus: list[list[int] | None] = shares or [None] * len(self.slots)
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "slots": self.slots, "cpus": self.cpus}
+        return {"name": self.name, "slots": self.slots}
 
     def run(self, specs, run_one, *, on_start=None, on_result=None):
         if len(self.slots) < 2:
@@ -199,10 +159,7 @@ class PoolExecutor(TrialExecutor):
                     slot = free.pop(0)
                     if on_start:
                         on_start(spec)
-                    job = pool.submit(
-                        _call, run_one, spec, self.slots[slot], cpus=self.cpus[slot],
-                        host_lock=lock,
-                    )  # fmt: skip
+                    job = pool.submit(_call, run_one, spec, self.slots[slot], host_lock=lock)
                     running[job] = (i, slot)
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for fut in done:

@@ -1,16 +1,15 @@
 """One host, several trials: timed phases run only while no other trial is busy on the host.
 
-Trials run side by side, one per GPU, still share the host's cores, clocks and caches. On two
-H200s (session 9, resnet50 inference) a compiled variant without CUDA graphs, whose step is
-host-bound, read 3.38 ms at a 20.7% coefficient of variation beside another trial's compile
-and 4.97 ms at 9.8% with each trial on its own cores, against 2.60 ms at 4.6% alone; CUDA-graph
-variants were unaffected. Giving each trial its own cores did not remove it, so the pool takes
-turns instead: every pooled trial holds a shared lock on one file while it is busy (importing,
-building, compiling, checking) and an exclusive one while it times its reps, so reps are never
-taken while another trial works, and compiles still overlap each other. A trial holds at most
-one lock at a time and releases it between phases, so no two trials can wait on each other.
-Time spent waiting is its own phase (`host_wait` in the trial's `phase_s`), never part of the
-phase that follows: a compile's measured time does not include a wait for the lock.
+Trials run side by side, one per GPU, still share the host's cores, clocks and caches, and a
+compile keeps every core busy for tens of seconds, so the pool takes turns: every pooled trial
+holds a shared lock on one file while it is busy (importing, building, compiling, checking)
+and an exclusive one while it times its reps. Reps are never taken while another trial works,
+and compiles still overlap each other. A trial holds at most one lock at a time and releases it
+between phases, so no two trials can wait on each other. Time spent waiting is its own phase
+(`host_wait` in the trial's `phase_s`), never part of the phase that follows: a compile's
+measured time does not include a wait for the lock. (On two H200s, session 9, a host-bound
+variant read 2.60-4.97 ms over four leases with different neighbours and hosts, so what a
+neighbour costs was not isolated; the turns make the question moot for the reps.)
 """
 
 from __future__ import annotations

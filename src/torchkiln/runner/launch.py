@@ -9,14 +9,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from torchkiln.runner.autotune_log import autotune_rounds, describe
 from torchkiln.runner.host_lock import HOST_LOCK_ENV
 from torchkiln.runner.trial import TrialSpec, base_result
-from torchkiln.runner.worker import TRIAL_CPUS_ENV, partial_path
+from torchkiln.runner.worker import partial_path
 
 STDERR_TAIL_CHARS = 4000
 
@@ -127,24 +127,17 @@ def run_trial(
     cache_dir: str | None = None,
     on_phase: Callable[[str], None] | None = None,
     gpu: int | None = None,
-    cpus: Sequence[int] | None = None,
     host_lock: str | None = None,
 ) -> dict[str, Any]:
     """``gpu`` pins the trial to one device (CUDA_VISIBLE_DEVICES), for one trial per GPU;
-    ``cpus`` to those CPUs (the worker sets its affinity first thing), with Inductor's compile
-    threads and the intra-op threads held to as many; ``host_lock`` is the pool's lock file,
-    on which the trial takes turns with the others (host_lock.py)."""
+    ``host_lock`` is the pool's lock file, on which the trial takes turns with the others
+    (host_lock.py)."""
     env, fresh_cache = trial_env(trial_dir, cache_dir)
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-    # Only the pool's own trials take turns or pin cores (not a nested run's).
-    env.pop(HOST_LOCK_ENV, None)
-    env.pop(TRIAL_CPUS_ENV, None)
+    env.pop(HOST_LOCK_ENV, None)  # only the pool's own trials take turns, not a nested run's
     if host_lock:
         env[HOST_LOCK_ENV] = host_lock
-    if cpus:
-        env[TRIAL_CPUS_ENV] = ",".join(str(c) for c in cpus)
-        env["TORCHINDUCTOR_COMPILE_THREADS"] = env["OMP_NUM_THREADS"] = str(len(cpus))
     t0 = time.perf_counter()
     result, code, phase, timed_out = _spawn("trial", spec, trial_dir, timeout_s, env, on_phase)
     stderr = tail(trial_dir / "trial-stderr.txt")
@@ -170,8 +163,6 @@ def run_trial(
     result["compile_cache"] = cache_dir or "fresh per trial"
     if gpu is not None:
         result["gpu_index"] = gpu
-    if cpus:
-        result["cpus"] = list(cpus)
     result["process_wall_s"] = time.perf_counter() - t0
     if result["status"] != "ok" or stderr:
         result["stderr_tail"] = stderr

@@ -17,20 +17,6 @@ from typing import Any
 from torchkiln.runner.host_lock import HostLock
 from torchkiln.runner.trial import TrialSpec, base_result
 
-# The CPUs a trial may use, comma-separated (launch.run_trial sets it for pooled trials).
-TRIAL_CPUS_ENV = "KILN_TRIAL_CPUS"
-
-
-def pin_cpus() -> list[int] | None:
-    """Restrict this process (and the threads and compile workers it starts later) to the CPUs
-    in TRIAL_CPUS_ENV, before torch starts any thread; None where it is unset."""
-    text = os.environ.get(TRIAL_CPUS_ENV)
-    if not text:
-        return None
-    cpus = [int(c) for c in text.split(",")]
-    os.sched_setaffinity(0, cpus)
-    return cpus
-
 
 def write_json(path: str | Path, data: dict[str, Any]) -> None:
     tmp = Path(f"{path}.tmp")
@@ -125,7 +111,6 @@ def preflight(spec: TrialSpec) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     mode, spec_path, result_path, phase_path = argv
-    pin_cpus()
     lock = HostLock.from_env() if mode == "trial" else None
     # Importing torch is work another trial's timed reps must not see: shared lock from here.
     start_wait = lock.enter("start") if lock is not None else 0.0

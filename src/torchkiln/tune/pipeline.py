@@ -434,7 +434,6 @@ def tune(
     def run_one(
         spec: TrialSpec,
         gpu: int | None = None,
-        cpus: list[int] | None = None,
         host_lock: str | None = None,
     ) -> dict[str, Any]:
         done = run.load_result(spec.id)
@@ -452,7 +451,6 @@ def tune(
                 run.trial_dir(spec.id),
                 timeout_s=min(limit, cap),
                 gpu=gpu,
-                cpus=cpus,
                 host_lock=host_lock,
                 on_phase=lambda ph: events.trial_phase(spec.variant, ph, left()),
             )
