@@ -186,11 +186,11 @@ phases-tune-infer | phases-tune-train)
   ;;
 phases-tune-parallel)
   # Issue 5: one tune with both GPUs visible, so independent candidates run at once, one per GPU
-  # (resnet50 inference, as session 8's one-GPU tune: 537 s, 6 trials run, 13 skipped for
-  # time), then plain reduce-overhead at bf16 (the best plain mode of every H200 run) beside its
-  # pick. Then, alone on GPU 0, issue 6: the GPU tests and the bandwidth table with session 9's
-  # defaults (the approximate-rcp/exp2 GELU for 2-byte dtypes, the hinted looped forward for
-  # fp32 rows of 16385-32768), cut to DEADLINE_S (default 1650 s).
+  # and taking turns on the host for their timed reps (session 9: 16 trials in 514 s before the
+  # turns existed), then plain reduce-overhead at bf16 (the best plain mode of every H200 run)
+  # beside its pick. Then, alone on GPU 0, issue 6: the GPU tests, kernel_configs.py (the long
+  # rows, with session 9's per-chunk-statistics and register-cap arms, ~60 s) and the bandwidth
+  # table, cut to DEADLINE_S (default 1650 s).
   nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
   (lscpu; echo "queue cpus: all") >"$ROOT/cpus.txt" 2>&1
   export DEADLINE_S=${DEADLINE_S:-1650}
@@ -199,6 +199,8 @@ phases-tune-parallel)
     --plain-modes reduce-overhead
   (export CUDA_VISIBLE_DEVICES=0
     job kernels_tests 150 python3 -m pytest -q -m gpu tests/kernels
+    job kernel_configs 120 python3 benchmarks/kernel_configs.py --out "$ROOT/kernels/long" \
+      --budget-s 90 --no-bias-act
     kb=$((DEADLINE_S - SECONDS - 50))
     ((kb > 280)) && kb=280
     job kernels $((kb + 50)) python3 benchmarks/bench_kernels.py --out "$ROOT/kernels" \

@@ -20,7 +20,9 @@ kernel holding a row that is not a power of two as power-of-two pieces. Session 
 (benchmarks/results/kernels-h200/session9/configs/): the hints took fp32 4096 x 32768 from 71%
 to 80% of the copy ceiling and became that case's default; the reversed pass (70%) and the
 pieces kernel (below the single block in all 8 cases at 12672) were removed. The hinted arms
-stay, so the choice can be re-checked on another GPU.
+stay, so the choice can be re-checked on another GPU, and new ones wait for the next lease: the
+looped kernel with per-chunk statistics and a register cap (CHUNK_STATS_ARMS), for the bf16
+and masked rows of 32768 the single block leaves at 62-77%.
 
 Results are written after every case (a cut run keeps what it measured), to
 DIR/kernel_configs.json with the environment; a table is printed last.
@@ -52,6 +54,16 @@ PERSISTENT = ((1, 8192, 16), (2, 8192, 16), (2, 4096, 8), (4, 4096, 8))
 # kernel with L2 hints (_softmax_fwd_loop's L2_HINTS), one program per row or 1-2 per SM:
 # (programs per SM or None for one per row, chunk, warps). Session 9: 80% / 58% / 79% there.
 L2_HINTED = ((None, 8192, 16), (1, 8192, 16), (2, 8192, 16))
+# Session 9, for the next lease: the hinted loop with per-chunk statistics (CHUNK_STATS: one exp
+# per element, two scalars instead of a running max and sum per lane) and a register cap
+# (ptxas .maxnreg) so that more programs share an SM: the per-lane 8192/w16 loop took 112
+# registers a thread (ptxas, sm_90), one program per SM; at 32 registers two 32-warp programs
+# fit, and only the per-chunk form compiles there without spilling at 16384-element chunks
+# (tests/kernels/test_kernels_compile.py). (chunk, warps, maxnreg or None, chunk statistics).
+CHUNK_STATS_ARMS = (
+    (16384, 32, 32, True), (8192, 32, 32, True), (8192, 16, 64, True), (4096, 8, 64, True),
+    (8192, 16, None, True), (16384, 32, None, True), (8192, 16, 64, False),
+)  # fmt: skip
 TOL = {"fp32": 1e-4, "bf16": 3e-2}
 
 
@@ -128,6 +140,16 @@ def _arms(case: dict[str, Any], cols: int, loops: bool = True) -> list[tuple[str
 
         where = "" if per_sm is None else f" {per_sm}/SM"
         arms.append((f"loop {chunk}/w{warps}{where} hints", hinted))
+    for chunk, warps, maxnreg, stats in CHUNK_STATS_ARMS if loops else ():
+        cap = {} if maxnreg is None else {"maxnreg": maxnreg}
+
+        def capped(c: int = chunk, w: int = warps, k: dict = cap, s: bool = stats) -> None:
+            ks._softmax_fwd_loop[(ROWS,)](*args, **kw, BLOCK_N=c, L2_HINTS=True, CHUNK_STATS=s,
+                                          num_warps=w, **k)  # fmt: skip
+
+        what = "chunk-stats" if stats else "lane-stats"
+        regs = "" if maxnreg is None else f" r{maxnreg}"
+        arms.append((f"loop {chunk}/w{warps}{regs} hints {what}", capped))
     return arms
 
 

@@ -24,10 +24,10 @@ MASK_ARGS = {"m_ptr": "*i1", "H": "i32", "Q": "i32", "smb": "i32", "smh": "i32",
              "smk": "i32", "scale": "fp32"}  # fmt: skip
 
 
-def _compile(kernel, signature: dict, constexprs: dict, num_warps: int):
+def _compile(kernel, signature: dict, constexprs: dict, num_warps: int, **options):
     types = {**signature, **{name: "constexpr" for name in constexprs}}
     source = compiler.ASTSource(kernel, {k: types[k] for k in kernel.arg_names}, constexprs)
-    return triton.compile(source, target=SM90, options={"num_warps": num_warps})
+    return triton.compile(source, target=SM90, options={"num_warps": num_warps, **options})
 
 
 def _ptxas_spills(compiled) -> int:
@@ -86,12 +86,31 @@ def test_looped_and_backward_kernels_compile():
     _compile(_softmax._softmax_bwd_loop, bwd, {"BLOCK_N": _softmax.LOOP_BLOCK_N}, 8)
     fwd = {"x_ptr": "*fp32", "y_ptr": "*fp32", **ROW_ARGS, **MASK_ARGS, "m_ptr": "*fp32"}
     consts = {"MASK_KIND": 2, "SAFE": True, "BLOCK_N": _softmax.LOOP_BLOCK_N,
-              "L2_HINTS": False}  # fmt: skip
+              "L2_HINTS": False, "CHUNK_STATS": False}  # fmt: skip
     _compile(_softmax._softmax_fwd_loop, fwd, consts, 8)
+    # The per-chunk statistics variant compiles.
+    _compile(_softmax._softmax_fwd_loop, fwd, {**consts, "CHUNK_STATS": True}, 8)
     # The cache hints (the fp32 long rows' default) reach the PTX.
     hinted = {**consts, "L2_HINTS": True}
     ptx = _compile(_softmax._softmax_fwd_loop, fwd, hinted, 8).asm["ptx"]
     assert "L2::evict_last" in ptx and "evict_first" in ptx and "st.global.cs" in ptx
+
+
+def test_chunk_statistics_let_two_32_warp_bf16_loops_share_an_sm_without_spilling():
+    # Two 32-warp programs per SM need at most 32 registers a thread (65,536 / 2,048). At bf16
+    # with 16,384-element chunks the per-lane running max and sum spill there (ptxas, sm_90:
+    # 356 bytes seen); the per-chunk statistics hold two scalars instead and do not. This is
+    # the premise of kernel_configs.py's "chunk-stats 16384/w32 r32" arm.
+    fwd = {"x_ptr": "*bf16", "y_ptr": "*bf16", **ROW_ARGS, **MASK_ARGS}
+    consts = {"MASK_KIND": 0, "SAFE": False, "BLOCK_N": 16384, "L2_HINTS": True}
+
+    def spills(chunk_stats: bool) -> int:
+        compiled = _compile(_softmax._softmax_fwd_loop, fwd, {**consts, "CHUNK_STATS": chunk_stats},
+                            32, maxnreg=32)  # fmt: skip
+        return _ptxas_spills(compiled)
+
+    assert spills(True) == 0
+    assert spills(False) > 0
 
 
 @pytest.mark.parametrize(

@@ -124,6 +124,12 @@ def test_looped_kernels_with_short_rows_gpu(dtype):
     # The cache hints (the default for fp32 rows of 16385-32768) on the real hardware's loads.
     yh = _softmax.softmax_forward(x, max_block_n=128, loop_l2_hints=True)
     assert_close(yh, softmax_ref(x), dtype, "looped forward, L2 hints")
+    # Per-chunk statistics under a 32-register cap (the experiment kernel_configs.py times;
+    # this also checks the installed Triton takes `maxnreg` at launch).
+    yc = _softmax.softmax_forward(
+        x, max_block_n=128, loop_chunk_stats=True, loop_maxnreg=32, loop_warps=32
+    )
+    assert_close(yc, softmax_ref(x), dtype, "looped forward, chunk statistics, 32 registers")
     dx = _softmax.softmax_backward(y, dy, 2.0, max_block_n=128)
     assert_close(dx, softmax_backward_ref(y, dy, 2.0), dtype, "looped backward")
 

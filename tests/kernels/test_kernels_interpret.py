@@ -78,25 +78,35 @@ def test_fp32_long_rows_take_the_hinted_loop_and_compute_softmax(interpreted):
     assert_close(y, softmax_ref(x), torch.float32, "fp32 20000, hinted loop")
 
 
-def test_looped_forward_with_l2_hints_computes_the_same_softmax(interpreted):
-    # The cache hints change how memory traffic is cached only: a partial last chunk
-    # (50 = 3 x 16 + 2), a mask, a fully masked row.
+@pytest.mark.parametrize(
+    "kw",
+    [{"loop_l2_hints": True}, {"loop_chunk_stats": True, "loop_maxnreg": 32}],
+    ids=["hints", "chunk-stats"],
+)
+def test_looped_forward_variants_compute_the_same_softmax(interpreted, kw):
+    # The cache hints change how memory traffic is cached only; the per-chunk statistics how the
+    # running max and sum are kept. A partial last chunk (50 = 3 x 16 + 2), a mask, a fully
+    # masked row, and a row whose first chunk is fully masked (its max starts at -inf).
     x = _randn((1, 2, 3, 50), torch.float32)
     mask = torch.ones(1, 1, 3, 50, dtype=torch.bool)
     mask[0, 0, 1] = False
-    mask[0, 0, 2, :7] = False
-    kw = {"max_block_n": 16, "loop_l2_hints": True}
+    mask[0, 0, 2, :20] = False
+    kw = {"max_block_n": 16, **kw}
     y = interpreted("_softmax", "softmax_forward", x, **kw)
-    assert_close(y, softmax_ref(x), torch.float32, "looped forward, L2 hints")
+    assert_close(y, softmax_ref(x), torch.float32, f"looped forward, {kw}")
     y = interpreted("_softmax", "softmax_forward", x, mask, 0.5, safe=True, **kw)
-    assert_close(y, masked_softmax_ref(x, mask, 0.5), torch.float32, "masked, L2 hints")
+    assert_close(y, masked_softmax_ref(x, mask, 0.5), torch.float32, f"masked, {kw}")
     assert torch.equal(y[0, :, 1], torch.zeros(2, 50))
+    # Growing maxima: every chunk's max above the last, so the sum is rescaled each time.
+    ramp = torch.linspace(-30.0, 30.0, 50).reshape(1, 50)
+    assert_close(interpreted("_softmax", "softmax_forward", ramp, **kw), softmax_ref(ramp),
+                 torch.float32, f"ramp, {kw}")  # fmt: skip
 
 
 def test_softmax_kernel_row_of_neg_inf_is_nan_like_torch(interpreted):
     x = torch.zeros(3, 40)
     x[1] = float("-inf")
-    for cap in ({}, {"max_block_n": 16}):
+    for cap in ({}, {"max_block_n": 16}, {"max_block_n": 16, "loop_chunk_stats": True}):
         y = interpreted("_softmax", "softmax_forward", x, **cap)
         assert torch.isnan(y[1]).all()
         torch.testing.assert_close(y[[0, 2]], torch.full((2, 40), 1 / 40))

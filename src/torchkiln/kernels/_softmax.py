@@ -122,7 +122,7 @@ def _softmax_fwd_block(
 def _softmax_fwd_loop(
     x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale,
     MASK_KIND: tl.constexpr, SAFE: tl.constexpr, BLOCK_N: tl.constexpr,
-    L2_HINTS: tl.constexpr = False,
+    L2_HINTS: tl.constexpr = False, CHUNK_STATS: tl.constexpr = False,
 ):  # fmt: skip
     scale = tl.cast(scale, tl.float32)  # Inductor passes Python floats as fp64 (H200 run)
     # Rows pid, pid + G, ... for a grid of G programs: one row each when G == M. A smaller grid
@@ -137,21 +137,41 @@ def _softmax_fwd_loop(
         x_row = x_ptr + row * N
         y_row = y_ptr + row * N
         m_row = m_ptr + _mask_row_offset(row, H, Q, smb, smh, smq)
-        # Online softmax kept per lane (a running max and a sum rescaled to it), reduced once at
-        # the end: one pass to find max and sum, a second to write.
-        run_max = tl.full([BLOCK_N], float("-inf"), tl.float32)
-        run_sum = tl.zeros([BLOCK_N], tl.float32)
-        for start in range(0, N, BLOCK_N):
-            cols = start + tl.arange(0, BLOCK_N)
-            inb = cols < N
-            z = _scores(x_row + cols, m_row + cols * smk, inb, inb, scale, MASK_KIND,
-                        1 if L2_HINTS else 0)  # fmt: skip
-            new_max = tl.maximum(run_max, z)
-            safe_max = _finite(new_max)
-            run_sum = run_sum * tl.exp(run_max - safe_max) + tl.exp(z - safe_max)
-            run_max = new_max
-        row_max = _finite(tl.max(run_max, axis=0))
-        inv = _inverse(tl.sum(run_sum * tl.exp(run_max - row_max), axis=0), SAFE)
+        # One pass to find max and sum, a second to write. The online statistics are kept per
+        # lane (a running max and a sum rescaled to it, reduced once at the end: two exps per
+        # element) or, with CHUNK_STATS, per chunk (the chunk's max and sum reduced across the
+        # block, then folded into two scalars: one exp per element, two block reductions per
+        # chunk, and two fewer registers per element a thread holds). CHUNK_STATS is an
+        # experiment for the bf16 rows of 32768, where the per-lane loop reached 58% of the copy
+        # on the H200 against fp32's 80% (session 9); benchmarks/kernel_configs.py times it.
+        if CHUNK_STATS:
+            row_max = tl.full([], float("-inf"), tl.float32)
+            row_sum = tl.zeros([], tl.float32)
+            for start in range(0, N, BLOCK_N):
+                cols = start + tl.arange(0, BLOCK_N)
+                inb = cols < N
+                z = _scores(x_row + cols, m_row + cols * smk, inb, inb, scale, MASK_KIND,
+                            1 if L2_HINTS else 0)  # fmt: skip
+                new_max = tl.maximum(row_max, tl.max(z, axis=0))
+                safe_max = _finite(new_max)
+                row_sum = row_sum * tl.exp(row_max - safe_max) + tl.sum(tl.exp(z - safe_max))
+                row_max = new_max
+            row_max = _finite(row_max)
+            inv = _inverse(row_sum, SAFE)
+        else:
+            run_max = tl.full([BLOCK_N], float("-inf"), tl.float32)
+            run_sum = tl.zeros([BLOCK_N], tl.float32)
+            for start in range(0, N, BLOCK_N):
+                cols = start + tl.arange(0, BLOCK_N)
+                inb = cols < N
+                z = _scores(x_row + cols, m_row + cols * smk, inb, inb, scale, MASK_KIND,
+                            1 if L2_HINTS else 0)  # fmt: skip
+                new_max = tl.maximum(run_max, z)
+                safe_max = _finite(new_max)
+                run_sum = run_sum * tl.exp(run_max - safe_max) + tl.exp(z - safe_max)
+                run_max = new_max
+            row_max = _finite(tl.max(run_max, axis=0))
+            inv = _inverse(tl.sum(run_sum * tl.exp(run_max - row_max), axis=0), SAFE)
         chunks = tl.cdiv(N, BLOCK_N)
         for i in range(0, chunks):
             start = i * BLOCK_N
@@ -279,6 +299,8 @@ def softmax_forward(
     loop_warps: int = 8,
     loop_programs: int | None = None,
     loop_l2_hints: bool = False,
+    loop_chunk_stats: bool = False,
+    loop_maxnreg: int | None = None,
 ) -> torch.Tensor:
     """softmax(scale * x + mask) over the last dim of a contiguous `x`.
 
@@ -286,9 +308,10 @@ def softmax_forward(
     (True = keep) or floating (added). `safe` gives zeros for rows with no
     finite score. `max_block_n` lets tests reach the looped kernel with short rows; the looped
     kernel's chunk, warps, grid (`loop_programs` programs taking rows in turn; one per row
-    when None) and its cache hints (`loop_l2_hints`) are parameters so benchmarks/kernel_configs.py
-    can time them; fp32 rows of 16385-32768 without a mask take the hinted loop
-    (LONG_FP32_LOOP).
+    when None), its cache hints (`loop_l2_hints`), per-chunk statistics (`loop_chunk_stats`) and
+    register cap (`loop_maxnreg`, ptxas's .maxnreg: at 32 registers two 32-warp programs fit an
+    SM) are parameters so benchmarks/kernel_configs.py can time them; fp32 rows of 16385-32768
+    without a mask take the hinted loop (LONG_FP32_LOOP).
     """
     y, kind, common = forward_args(x, mask, scale)
     if x.numel() == 0:
@@ -305,9 +328,10 @@ def softmax_forward(
         )  # fmt: skip
     else:
         grid = m if loop_programs is None else max(1, min(m, loop_programs))
+        cap = {} if loop_maxnreg is None else {"maxnreg": loop_maxnreg}
         launchable(_softmax_fwd_loop)[(grid,)](
             *common, MASK_KIND=kind, SAFE=safe, BLOCK_N=min(loop_block_n, max_block_n),
-            L2_HINTS=loop_l2_hints, num_warps=loop_warps,
+            L2_HINTS=loop_l2_hints, CHUNK_STATS=loop_chunk_stats, num_warps=loop_warps, **cap,
         )  # fmt: skip
     return y
 
