@@ -113,6 +113,18 @@ def test_chunk_statistics_let_two_32_warp_bf16_loops_share_an_sm_without_spillin
     assert spills(False) > 0
 
 
+@pytest.mark.parametrize("mask_kind", [0, 1])
+def test_bf16_blocks_of_16384_fit_two_programs_an_sm_without_spilling(mask_kind):
+    # kernel_configs.py's capped-block arms: uncapped, the masked bf16 block took 98 registers at
+    # 16 warps (one program per SM); at 64 registers (16 warps) or 32 (32 warps) two fit, and
+    # ptxas compiles both without spilling.
+    sig = {"x_ptr": "*bf16", "y_ptr": "*bf16", **ROW_ARGS, **MASK_ARGS}
+    consts = {"MASK_KIND": mask_kind, "SAFE": mask_kind != 0, "BLOCK_M": 1, "BLOCK_N": 16384}
+    for warps, maxnreg in ((16, 64), (32, 32)):
+        compiled = _compile(_softmax._softmax_fwd_block, sig, consts, warps, maxnreg=maxnreg)
+        assert _ptxas_spills(compiled) == 0, (warps, maxnreg)
+
+
 @pytest.mark.parametrize(
     "code", [0, 1, 2, 3], ids=["relu", "gelu-erf", "gelu-erfc-polynomial", "gelu-polynomial-fast"]
 )
