@@ -65,12 +65,14 @@ class TrialExecutor:
         return {"name": self.name}
 
 
-def _call(run_one: RunOne, spec: TrialSpec, gpu: int | None, **share: Any) -> dict[str, Any]:
+def _call(
+    run_one: RunOne, spec: TrialSpec, gpu: int | None, host_lock: str | None = None
+) -> dict[str, Any]:
     """``run_one`` already turns a trial's crash into a status; a failure of ``run_one`` itself
-    (a full disk, a bug) must not take the other trials down, so it becomes one too. ``share``:
-    how a pooled trial shares the host (``host_lock``), passed on only when given."""
+    (a full disk, a bug) must not take the other trials down, so it becomes one too.
+    ``host_lock`` (a pool's) is passed on only when there is one."""
     try:
-        return run_one(spec, gpu, **{k: v for k, v in share.items() if v is not None})
+        return run_one(spec, gpu) if host_lock is None else run_one(spec, gpu, host_lock=host_lock)
     except Exception as exc:  # noqa: BLE001  (every failure becomes a reported status)
         return lost_result(
             spec,
@@ -149,9 +151,9 @@ class PoolExecutor(TrialExecutor):
 
     def _run(self, specs, run_one, lock, on_start, on_result):
         results: list[dict[str, Any] | None] = [None] * len(specs)
-        free = list(range(len(self.slots)))  # positions in self.slots (two may share a GPU)
+        free = list(self.slots)
         queue = list(enumerate(specs))
-        running: dict[Future, tuple[int, int]] = {}
+        running: dict[Future, tuple[int, int | None]] = {}
         with ThreadPoolExecutor(max_workers=len(self.slots)) as pool:
             while queue or running:
                 while queue and free:
@@ -159,8 +161,7 @@ class PoolExecutor(TrialExecutor):
                     slot = free.pop(0)
                     if on_start:
                         on_start(spec)
-                    job = pool.submit(_call, run_one, spec, self.slots[slot], host_lock=lock)
-                    running[job] = (i, slot)
+                    running[pool.submit(_call, run_one, spec, slot, lock)] = (i, slot)
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for fut in done:
                     i, slot = running.pop(fut)
