@@ -21,8 +21,10 @@ kernel holding a row that is not a power of two as power-of-two pieces. Session 
 to 80% of the copy ceiling and became that case's default; the reversed pass (70%) and the
 pieces kernel (below the single block in all 8 cases at 12672) were removed. The hinted arms
 stay, so the choice can be re-checked on another GPU, and new ones wait for the next lease: the
-looped kernel with per-chunk statistics and a register cap (CHUNK_STATS_ARMS), for the bf16
-and masked rows of 32768 the single block leaves at 62-77%.
+looped kernel with per-chunk statistics, a register cap and (session 10) prefetching
+(CHUNK_STATS_ARMS), for the bf16 and masked rows of 32768 the single block leaves at 62-77%,
+and, with --bias-act-bwd, bias_act_scale's backward launches (BIAS_BWD_ARMS): at bf16 it was
+below torch.compile's (0.90x at 4096 columns).
 
 Results are written after every case (a cut run keeps what it measured), to
 DIR/kernel_configs.json with the environment; a table is printed last.
@@ -64,12 +66,35 @@ L2_HINTED = ((None, 8192, 16), (1, 8192, 16), (2, 8192, 16))
 # (ptxas .maxnreg) so that more programs share an SM: the per-lane 8192/w16 loop took 112
 # registers a thread (ptxas, sm_90), one program per SM; at 32 registers two 32-warp programs
 # fit, and only the per-chunk form compiles there without spilling at 16384-element chunks
-# (tests/kernels/test_kernels_compile.py). (chunk, warps, maxnreg or None, chunk statistics).
+# (tests/kernels/test_kernels_compile.py). Session 10 added prefetching (the next chunk's loads
+# issued before this one's arithmetic, so two chunks are in flight a program), in the forms that
+# compile without spilling at bf16 32768 (ptxas, sm_90: 16384/w32 60-64 registers, 8192/w32 at
+# 32, 8192/w16 110-128). (chunk, warps, maxnreg or None, chunk statistics, prefetch).
 CHUNK_STATS_ARMS = (
-    (16384, 32, 32, True), (8192, 32, 32, True), (8192, 16, 64, True), (4096, 8, 64, True),
-    (8192, 16, None, True), (16384, 32, None, True), (8192, 16, 64, False),
+    (16384, 32, 32, True, False), (8192, 32, 32, True, False), (8192, 16, 64, True, False),
+    (4096, 8, 64, True, False), (8192, 16, None, True, False), (16384, 32, None, True, False),
+    (8192, 16, 64, False, False),
+    (16384, 32, None, True, True), (8192, 32, 32, True, True), (8192, 16, None, True, True),
+    (8192, 16, None, False, True),
 )  # fmt: skip
 TOL = {"fp32": 1e-4, "bf16": 3e-2}
+# Session 10, for the next lease: bias_act_scale's backward, below torch.compile at bf16 4096
+# (0.90x; 52% of the copy ceiling, session 9). Its loop waits out a DRAM round trip per row
+# block: 54 registers at 8 warps (4 programs an SM, ptxas sm_90). PREFETCH issues the next
+# block's loads first (94 registers uncapped; 64 without spilling), 16 warps halve the values
+# per thread, and more programs shorten the loop. (name, bias_act_backward keywords).
+BIAS_BWD_ARMS = (
+    ("2x1024/w8", {}),
+    ("2x1024/w8 prefetch", {"prefetch": True}),
+    ("2x1024/w8 prefetch r64", {"prefetch": True, "maxnreg": 64}),
+    ("2x1024/w16", {"tile": (2, 1024, 16)}),
+    ("2x1024/w16 prefetch", {"tile": (2, 1024, 16), "prefetch": True}),
+    ("2x1024/w16 prefetch r40", {"tile": (2, 1024, 16), "prefetch": True, "maxnreg": 40}),
+    ("2x1024/w8 2048 programs", {"target_programs": 2048}),
+    ("2x1024/w8 prefetch r64 512 programs", {"prefetch": True, "maxnreg": 64,
+                                             "target_programs": 512}),
+)  # fmt: skip
+BIAS_BWD_COLS = (4096, 12672)
 
 
 def _bench(fn: Any) -> float:
@@ -101,7 +126,9 @@ def _inputs(dtype: Any, cols: int, kind: str) -> dict[str, Any]:
             "mask_bytes": mask.numel()}  # fmt: skip
 
 
-def _arms(case: dict[str, Any], cols: int, loops: bool = True) -> list[tuple[str, Any]]:
+def _arms(
+    case: dict[str, Any], cols: int, loops: bool = True, measured: bool = True
+) -> list[tuple[str, Any]]:
     import torch
 
     from torchkiln.kernels import _softmax as ks
@@ -133,14 +160,14 @@ def _arms(case: dict[str, Any], cols: int, loops: bool = True) -> list[tuple[str
                                           maxnreg=r)  # fmt: skip
 
         arms.append((f"block w{warps} r{maxnreg}", capped_block))
-    for chunk, warps in LOOP_CONFIGS if loops else ():
+    for chunk, warps in LOOP_CONFIGS if loops and measured else ():
 
         def loop(c: int = chunk, w: int = warps) -> None:
             ks._softmax_fwd_loop[(ROWS,)](*args, **kw, BLOCK_N=c, num_warps=w)
 
         arms.append((f"loop {chunk}/w{warps}", loop))
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-    for per_sm, chunk, warps in PERSISTENT if loops else ():
+    for per_sm, chunk, warps in PERSISTENT if loops and measured else ():
 
         def persistent(c: int = chunk, w: int = warps, g: int = per_sm * sms) -> None:
             ks._softmax_fwd_loop[(min(ROWS, g),)](*args, **kw, BLOCK_N=c, num_warps=w)
@@ -154,20 +181,24 @@ def _arms(case: dict[str, Any], cols: int, loops: bool = True) -> list[tuple[str
 
         where = "" if per_sm is None else f" {per_sm}/SM"
         arms.append((f"loop {chunk}/w{warps}{where} hints", hinted))
-    for chunk, warps, maxnreg, stats in CHUNK_STATS_ARMS if loops else ():
+    for chunk, warps, maxnreg, stats, prefetch in CHUNK_STATS_ARMS if loops else ():
         cap = {} if maxnreg is None else {"maxnreg": maxnreg}
+        flags = {"CHUNK_STATS": stats, "PREFETCH": prefetch}
 
-        def capped(c: int = chunk, w: int = warps, k: dict = cap, s: bool = stats) -> None:
-            ks._softmax_fwd_loop[(ROWS,)](*args, **kw, BLOCK_N=c, L2_HINTS=True, CHUNK_STATS=s,
+        def capped(c: int = chunk, w: int = warps, k: dict = cap, f: dict = flags) -> None:
+            ks._softmax_fwd_loop[(ROWS,)](*args, **kw, BLOCK_N=c, L2_HINTS=True, **f,
                                           num_warps=w, **k)  # fmt: skip
 
         what = "chunk-stats" if stats else "lane-stats"
         regs = "" if maxnreg is None else f" r{maxnreg}"
-        arms.append((f"loop {chunk}/w{warps}{regs} hints {what}", capped))
+        ahead = " prefetch" if prefetch else ""
+        arms.append((f"loop {chunk}/w{warps}{regs} hints {what}{ahead}", capped))
     return arms
 
 
-def measure_softmax(dtype_name: str, cols: int, kind: str, loops: bool = True) -> dict[str, Any]:
+def measure_softmax(
+    dtype_name: str, cols: int, kind: str, loops: bool = True, measured: bool = True
+) -> dict[str, Any]:
     import torch
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
@@ -180,22 +211,29 @@ def measure_softmax(dtype_name: str, cols: int, kind: str, loops: bool = True) -
     out: dict[str, Any] = {"kernel": "softmax" if kind == "none" else "masked_softmax",
                            "dtype": dtype_name, "rows": ROWS, "cols": cols, "bytes": nbytes,
                            "copy_gbps": copy_gbps, "arms": {}}  # fmt: skip
-    for name, fn in _arms(case, cols, loops):
-        try:
+    for name, fn in _arms(case, cols, loops, measured):
+
+        def error(f: Any = fn) -> float:
             case["y"].zero_()
-            fn()
-            torch.cuda.synchronize()
-            err = (case["y"].float() - case["ref"]).abs().max().item()
-            if not err <= TOL[dtype_name]:
-                out["arms"][name] = {"status": f"wrong result (max error {err:.3g})"}
-                continue
-            ms = _bench(fn)
-        except Exception as exc:  # noqa: BLE001  (a config that fails to compile is reported)
-            out["arms"][name] = {"status": f"{type(exc).__name__}: {exc}"[:300]}
-            continue
-        gbps = nbytes / (ms * 1e-3) / 1e9
-        out["arms"][name] = {"status": "ok", "ms": ms, "gbps": gbps, "of_copy": gbps / copy_gbps}
+            f()
+            return (case["y"].float() - case["ref"]).abs().max().item()
+
+        out["arms"][name] = _time_arm(fn, error, TOL[dtype_name], nbytes, copy_gbps)
     return out
+
+
+def _time_arm(fn: Any, error: Any, tol: float, nbytes: int, copy_gbps: float) -> dict[str, Any]:
+    """One arm: `error()` runs it once and returns its error against the reference; within
+    `tol` it is timed. A launch that fails to compile or run is reported, not raised."""
+    try:
+        err = error()
+        if not err <= tol:
+            return {"status": f"wrong result (max error {err:.3g})"}
+        ms = _bench(fn)
+    except Exception as exc:  # noqa: BLE001  (a config that fails to compile is reported)
+        return {"status": f"{type(exc).__name__}: {exc}"[:300]}
+    gbps = nbytes / (ms * 1e-3) / 1e9
+    return {"status": "ok", "ms": ms, "gbps": gbps, "of_copy": gbps / copy_gbps, "error": err}
 
 
 def measure_bias_act(dtype_name: str, cols: int) -> dict[str, Any]:
@@ -246,6 +284,46 @@ def measure_bias_act(dtype_name: str, cols: int) -> dict[str, Any]:
     return out
 
 
+def measure_bias_act_bwd(dtype_name: str, cols: int) -> dict[str, Any]:
+    """bias_act_scale's GELU backward under each BIAS_BWD_ARMS launch, checked against torch's
+    fp32 GELU gradient."""
+    import torch
+
+    from torchkiln.kernels._bias_act import bias_act_backward
+    from torchkiln.kernels._launch import direct_launches
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
+    gen = torch.Generator(device="cuda").manual_seed(cols)
+    x, dy = (torch.randn(ROWS, cols, generator=gen, device="cuda").to(dtype) for _ in range(2))
+    bias = torch.randn(cols, generator=gen, device="cuda").to(dtype)
+    z = (x.float() + bias.float()).requires_grad_()
+    (torch.nn.functional.gelu(z) * 0.5).backward(dy.float())
+    dx_ref = z.grad
+    db_ref = dx_ref.sum(0)
+    dst = torch.empty_like(x)
+    copy_ms = _bench(lambda: dst.copy_(x))
+    nbytes = 3 * x.numel() * x.element_size() + 2 * bias.numel() * bias.element_size()
+    out: dict[str, Any] = {"kernel": "bias_act_scale bwd", "dtype": dtype_name, "rows": ROWS,
+                           "cols": cols, "bytes": nbytes,
+                           "copy_gbps": 2 * x.numel() * x.element_size() / (copy_ms * 1e-3) / 1e9,
+                           "arms": {}}  # fmt: skip
+    for name, kw in BIAS_BWD_ARMS:
+
+        def run(k: dict = kw) -> Any:
+            with direct_launches():
+                return bias_act_backward(x, bias, dy, "gelu", 0.5, **k)
+
+        def error(f: Any = run) -> float:  # relative to the largest reference value
+            dx, db = f()
+            err_dx = (dx.float() - dx_ref).abs().max() / dx_ref.abs().max()
+            return max(
+                err_dx.item(), ((db.float() - db_ref).abs().max() / db_ref.abs().max()).item()
+            )
+
+        out["arms"][name] = _time_arm(run, error, TOL[dtype_name], nbytes, out["copy_gbps"])
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="folder for kernel_configs.json")
@@ -254,6 +332,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-loop", action="store_true", help="time the single-block kernel only")
     p.add_argument("--no-bias-act", action="store_true", help="skip the relu/gelu comparison")
     p.add_argument("--bias-act-only", action="store_true", help="only the relu/gelu comparison")
+    p.add_argument(
+        "--bias-act-bwd",
+        action="store_true",
+        help="bias_act_scale's backward launches (BIAS_BWD_ARMS), before the rows",
+    )
+    p.add_argument("--skip-measured", action="store_true",
+                   help="leave out the looped arms sessions 7-9 measured below the defaults "
+                        "(LOOP_CONFIGS, PERSISTENT)")  # fmt: skip
     args = p.parse_args(argv)
 
     import torch
@@ -272,11 +358,17 @@ def main(argv: list[str] | None = None) -> int:
         for d in ("bf16", "fp32")
         if not args.no_bias_act
     ]
-    loops = not args.no_loop
+    jobs += [
+        (f"bias_act_scale bwd {d} 4096x{c}", lambda d=d, c=c: measure_bias_act_bwd(d, c))
+        for c in BIAS_BWD_COLS
+        for d in ("bf16", "fp32")
+        if args.bias_act_bwd
+    ]
+    loops, measured = not args.no_loop, not args.skip_measured
     for cols in [] if args.bias_act_only else args.cols:
         for kind in ("none", "bool"):
             for d in ("fp32", "bf16"):
-                job = lambda d=d, c=cols, k=kind: measure_softmax(d, c, k, loops)  # noqa: E731
+                job = lambda d=d, c=cols, k=kind: measure_softmax(d, c, k, loops, measured)  # noqa: E731
                 jobs.append((f"{kind} {d} {cols}", job))
     start = time.monotonic()
     for name, job in jobs:

@@ -86,10 +86,12 @@ def test_looped_and_backward_kernels_compile():
     _compile(_softmax._softmax_bwd_loop, bwd, {"BLOCK_N": _softmax.LOOP_BLOCK_N}, 8)
     fwd = {"x_ptr": "*fp32", "y_ptr": "*fp32", **ROW_ARGS, **MASK_ARGS, "m_ptr": "*fp32"}
     consts = {"MASK_KIND": 2, "SAFE": True, "BLOCK_N": _softmax.LOOP_BLOCK_N,
-              "L2_HINTS": False, "CHUNK_STATS": False}  # fmt: skip
+              "L2_HINTS": False, "CHUNK_STATS": False, "PREFETCH": False}  # fmt: skip
     _compile(_softmax._softmax_fwd_loop, fwd, consts, 8)
-    # The per-chunk statistics variant compiles.
+    # The per-chunk statistics and prefetching variants compile.
     _compile(_softmax._softmax_fwd_loop, fwd, {**consts, "CHUNK_STATS": True}, 8)
+    _compile(_softmax._softmax_fwd_loop, fwd, {**consts, "PREFETCH": True}, 8)
+    _compile(_softmax._softmax_fwd_loop, fwd, {**consts, "PREFETCH": True, "CHUNK_STATS": True}, 8)
     # The cache hints (the fp32 long rows' default) reach the PTX.
     hinted = {**consts, "L2_HINTS": True}
     ptx = _compile(_softmax._softmax_fwd_loop, fwd, hinted, 8).asm["ptx"]
@@ -102,7 +104,7 @@ def test_chunk_statistics_let_two_32_warp_bf16_loops_share_an_sm_without_spillin
     # 356 bytes seen); the per-chunk statistics hold two scalars instead and do not. This is
     # the premise of kernel_configs.py's "chunk-stats 16384/w32 r32" arm.
     fwd = {"x_ptr": "*bf16", "y_ptr": "*bf16", **ROW_ARGS, **MASK_ARGS}
-    consts = {"MASK_KIND": 0, "SAFE": False, "BLOCK_N": 16384, "L2_HINTS": True}
+    consts = {"MASK_KIND": 0, "SAFE": False, "BLOCK_N": 16384, "L2_HINTS": True, "PREFETCH": False}
 
     def spills(chunk_stats: bool) -> int:
         compiled = _compile(_softmax._softmax_fwd_loop, fwd, {**consts, "CHUNK_STATS": chunk_stats},
@@ -137,8 +139,13 @@ def test_bias_act_kernels_compile_without_spills(code):
            "db_partial_ptr": "*fp32", **ROW_ARGS, "rows_per_prog": "i32",
            "scale": "fp32"}  # fmt: skip
     block_m, block_n, warps = _bias_act.tile_config(12672, _bias_act.BWD_TILE)
-    consts = {"ACT": code, "BLOCK_M": block_m, "BLOCK_N": block_n}
+    consts = {"ACT": code, "BLOCK_M": block_m, "BLOCK_N": block_n, "PREFETCH": False}
     assert _ptxas_spills(_compile(_bias_act._bias_act_bwd, bwd, consts, warps)) == 0
+    # kernel_configs.py's prefetching arm: two row blocks' loads held at once fit 64 registers
+    # (ptxas, sm_90: 80-94 uncapped; 4 programs of 8 warps an SM at 64).
+    prefetch = {**consts, "PREFETCH": True}
+    compiled = _compile(_bias_act._bias_act_bwd, bwd, prefetch, warps, maxnreg=64)
+    assert _ptxas_spills(compiled) == 0
 
 
 def test_block_configs_hold_16_values_per_thread():

@@ -80,13 +80,19 @@ def test_fp32_long_rows_take_the_hinted_loop_and_compute_softmax(interpreted):
 
 @pytest.mark.parametrize(
     "kw",
-    [{"loop_l2_hints": True}, {"loop_chunk_stats": True, "loop_maxnreg": 32}],
-    ids=["hints", "chunk-stats"],
+    [
+        {"loop_l2_hints": True},
+        {"loop_chunk_stats": True, "loop_maxnreg": 32},
+        {"loop_prefetch": True},
+        {"loop_prefetch": True, "loop_chunk_stats": True, "loop_l2_hints": True},
+    ],
+    ids=["hints", "chunk-stats", "prefetch", "prefetch-chunk-stats"],
 )
 def test_looped_forward_variants_compute_the_same_softmax(interpreted, kw):
     # The cache hints change how memory traffic is cached only; the per-chunk statistics how the
-    # running max and sum are kept. A partial last chunk (50 = 3 x 16 + 2), a mask, a fully
-    # masked row, and a row whose first chunk is fully masked (its max starts at -inf).
+    # running max and sum are kept; prefetching when a chunk's loads are issued. A partial last
+    # chunk (50 = 3 x 16 + 2), a mask, a fully masked row, and a row whose first chunk is fully
+    # masked (its max starts at -inf).
     x = _randn((1, 2, 3, 50), torch.float32)
     mask = torch.ones(1, 1, 3, 50, dtype=torch.bool)
     mask[0, 0, 1] = False
@@ -106,7 +112,13 @@ def test_looped_forward_variants_compute_the_same_softmax(interpreted, kw):
 def test_softmax_kernel_row_of_neg_inf_is_nan_like_torch(interpreted):
     x = torch.zeros(3, 40)
     x[1] = float("-inf")
-    for cap in ({}, {"max_block_n": 16}, {"max_block_n": 16, "loop_chunk_stats": True}):
+    looped = {"max_block_n": 16}
+    for cap in (
+        {},
+        looped,
+        {**looped, "loop_chunk_stats": True},
+        {**looped, "loop_prefetch": True},
+    ):
         y = interpreted("_softmax", "softmax_forward", x, **cap)
         assert torch.isnan(y[1]).all()
         torch.testing.assert_close(y[[0, 2]], torch.full((2, 40), 1 / 40))
@@ -195,14 +207,18 @@ def test_act_code_takes_the_inline_ptx_gelu_only_on_nvidia_gpus():
     assert act_code("relu", torch.zeros(1, dtype=torch.bfloat16)) == ACT_CODES["relu"]
 
 
-def test_bias_act_backward_programs_loop_over_row_blocks(interpreted):
-    # 2 programs over 37 rows in blocks of 4: each loops ~5 times and the partial bias sums of
-    # both are added, exercising the path a 4096-row batch takes on the GPU.
+@pytest.mark.parametrize("prefetch", [False, True], ids=["loop", "prefetch"])
+def test_bias_act_backward_programs_loop_over_row_blocks(interpreted, prefetch):
+    # 2 programs over 37 rows in blocks of 2 (rows 0-19 and 20-36): each loops 9-10 times and
+    # the partial bias sums of both are added, exercising the path a 4096-row batch takes on the
+    # GPU. The second program's last block (rows 36-37) is partial, and with prefetch the block
+    # loaded ahead of each program's last iteration lies wholly past its rows.
     x, dy = _randn((37, 1024), torch.float32), _randn((37, 1024), torch.float32, seed=5)
     bias = _randn((1024,), torch.float32, seed=6)
     dx, db = interpreted(
-        "_bias_act", "bias_act_backward", x, bias, dy, "gelu", 1.5, target_programs=2
-    )
+        "_bias_act", "bias_act_backward", x, bias, dy, "gelu", 1.5, target_programs=2,
+        prefetch=prefetch,
+    )  # fmt: skip
     dx_ref, db_ref = bias_act_backward_ref(x, bias, dy, "gelu", 1.5)
     dz_atol = GELU_ATOL * 1.5 * dy.abs().max().item()
     assert_close(dx, dx_ref, torch.float32, "dx", dz_atol)

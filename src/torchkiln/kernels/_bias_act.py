@@ -153,9 +153,18 @@ def _bias_act_fwd(
 
 
 @triton.jit
+def _bias_act_bwd_tile(x, dy, b, dx_ptrs, inb, scale, ACT: tl.constexpr):
+    # Out-of-bounds lanes load dy == 0, so they add nothing to the bias sums.
+    dz = dy.to(tl.float32) * scale * _act_grad(x.to(tl.float32) + b[None, :], ACT)
+    tl.store(dx_ptrs, dz.to(dx_ptrs.dtype.element_ty), mask=inb)
+    return dz
+
+
+@triton.jit
 def _bias_act_bwd(
     x_ptr, b_ptr, dy_ptr, dx_ptr, db_partial_ptr, M, N, rows_per_prog, scale,
     ACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PREFETCH: tl.constexpr = False,
 ):  # fmt: skip
     scale = tl.cast(scale, tl.float32)  # Inductor passes Python floats as fp64 (H200 run)
     pid_m = tl.program_id(0)
@@ -165,16 +174,34 @@ def _bias_act_bwd(
     # Summed element-wise across the loop and reduced over rows once at the end.
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     row0 = pid_m * rows_per_prog
-    for start in range(row0, row0 + rows_per_prog, BLOCK_M):
-        rows = start + tl.arange(0, BLOCK_M)
-        inb = (rows[:, None] < M) & col_ok[None, :]
+    row_end = tl.minimum(row0 + rows_per_prog, M)
+    if PREFETCH:
+        # The next row block's loads are issued before this one's arithmetic and store, so
+        # each program keeps two blocks in flight instead of waiting out a DRAM round trip
+        # per iteration (kernel_configs.py times it against the plain loop).
+        rows = row0 + tl.arange(0, BLOCK_M)
+        inb = (rows[:, None] < row_end) & col_ok[None, :]
         row_start = (rows.to(tl.int64) * N)[:, None]
-        x = tl.load(x_ptr + row_start + cols[None, :], mask=inb, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + row_start + cols[None, :], mask=inb, other=0.0).to(tl.float32)
-        # Out-of-bounds lanes load dy == 0, so they add nothing to the bias sums.
-        dz = dy * scale * _act_grad(x + b[None, :], ACT)
-        tl.store(dx_ptr + row_start + cols[None, :], dz.to(dx_ptr.dtype.element_ty), mask=inb)
-        acc += dz
+        x = tl.load(x_ptr + row_start + cols[None, :], mask=inb, other=0.0)
+        dy = tl.load(dy_ptr + row_start + cols[None, :], mask=inb, other=0.0)
+        for start in range(row0, row_end, BLOCK_M):
+            rows_n = start + BLOCK_M + tl.arange(0, BLOCK_M)
+            inb_n = (rows_n[:, None] < row_end) & col_ok[None, :]
+            start_n = (rows_n.to(tl.int64) * N)[:, None]
+            x_n = tl.load(x_ptr + start_n + cols[None, :], mask=inb_n, other=0.0)
+            dy_n = tl.load(dy_ptr + start_n + cols[None, :], mask=inb_n, other=0.0)
+            dx_ptrs = dx_ptr + row_start + cols[None, :]
+            acc += _bias_act_bwd_tile(x, dy, b, dx_ptrs, inb, scale, ACT)
+            x, dy, inb, row_start = x_n, dy_n, inb_n, start_n
+    else:
+        for start in range(row0, row_end, BLOCK_M):
+            rows = start + tl.arange(0, BLOCK_M)
+            inb = (rows[:, None] < row_end) & col_ok[None, :]
+            row_start = (rows.to(tl.int64) * N)[:, None]
+            x = tl.load(x_ptr + row_start + cols[None, :], mask=inb, other=0.0)
+            dy = tl.load(dy_ptr + row_start + cols[None, :], mask=inb, other=0.0)
+            dx_ptrs = dx_ptr + row_start + cols[None, :]
+            acc += _bias_act_bwd_tile(x, dy, b, dx_ptrs, inb, scale, ACT)
     tl.store(db_partial_ptr + pid_m.to(tl.int64) * N + cols, tl.sum(acc, axis=0), mask=col_ok)
 
 
@@ -215,27 +242,34 @@ def bias_act_backward(
     scale: float,
     target_programs: int = TARGET_PROGRAMS,
     code: int | None = None,
+    prefetch: bool = False,
+    tile: tuple[int, int, int] | None = None,
+    maxnreg: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dbias) of act(x + bias) * scale; `x` and `dy` contiguous and of the same shape.
 
     `target_programs` lets tests make each program loop over several row blocks; `code` forces
-    the kernel's ACT, as in bias_act_forward.
+    the kernel's ACT, as in bias_act_forward. `prefetch` (the next row block's loads issued
+    before this one's arithmetic), `tile` ((BLOCK_M, BLOCK_N, num_warps) instead of
+    tile_config's) and `maxnreg` (ptxas's register cap) are the launch choices
+    benchmarks/kernel_configs.py times.
     """
     n = x.shape[-1]
     dx = torch.empty_like(x)
     if x.numel() == 0:
         return dx, torch.zeros_like(bias)
     m = x.numel() // n
-    block_m, block_n, num_warps = tile_config(n, BWD_TILE)
+    block_m, block_n, num_warps = tile_config(n, BWD_TILE) if tile is None else tile
     col_blocks = cdiv(n, block_n)
     row_blocks = cdiv(m, block_m)
     groups = min(row_blocks, max(1, target_programs // col_blocks))
     rows_per_prog = cdiv(row_blocks, groups) * block_m
     groups = cdiv(m, rows_per_prog)
     partial = torch.empty((groups, n), dtype=torch.float32, device=x.device)
+    cap = {} if maxnreg is None else {"maxnreg": maxnreg}
     launchable(_bias_act_bwd)[(groups, col_blocks)](
         x, bias, dy, dx, partial, m, n, rows_per_prog, float(scale),
         ACT=act_code(act, x) if code is None else code, BLOCK_M=block_m,
-        BLOCK_N=block_n, num_warps=num_warps,
+        BLOCK_N=block_n, PREFETCH=prefetch, num_warps=num_warps, **cap,
     )  # fmt: skip
     return dx, partial.sum(0).to(bias.dtype)

@@ -92,6 +92,17 @@ def _scores(x_ptrs, m_ptrs, inb, col_ok, scale, MASK_KIND: tl.constexpr, EVICT: 
     return tl.where(col_ok, z, float("-inf"))
 
 
+@triton.jit
+def _chunk(x_row, m_row, start, N, smk, scale, MASK_KIND: tl.constexpr, BLOCK_N: tl.constexpr,
+           L2_HINTS: tl.constexpr, PASS: tl.constexpr):  # fmt: skip
+    # The scores of one chunk of a row for the looped forward; with L2_HINTS the first pass
+    # (PASS 1) keeps its reads in L2 and the second streams them.
+    cols = start + tl.arange(0, BLOCK_N)
+    inb = cols < N
+    evict = PASS if L2_HINTS else 0
+    return _scores(x_row + cols, m_row + cols * smk, inb, inb, scale, MASK_KIND, evict)
+
+
 # Addressing: a 64-bit base pointer per row plus 32-bit column offsets. Building a 64-bit offset
 # per element instead costs two registers each; at 32768 fp32 per row and 32 warps that spilled
 # ~500 bytes per thread (ptxas -v, sm_90) where this layout spills none.
@@ -123,6 +134,7 @@ def _softmax_fwd_loop(
     x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale,
     MASK_KIND: tl.constexpr, SAFE: tl.constexpr, BLOCK_N: tl.constexpr,
     L2_HINTS: tl.constexpr = False, CHUNK_STATS: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False,
 ):  # fmt: skip
     scale = tl.cast(scale, tl.float32)  # Inductor passes Python floats as fp64 (H200 run)
     # Rows pid, pid + G, ... for a grid of G programs: one row each when G == M. A smaller grid
@@ -144,14 +156,20 @@ def _softmax_fwd_loop(
         # chunk, and two fewer registers per element a thread holds). CHUNK_STATS is an
         # experiment for the bf16 rows of 32768, where the per-lane loop reached 58% of the copy
         # on the H200 against fp32's 80% (session 9); benchmarks/kernel_configs.py times it.
+        # PREFETCH loads chunk i + 1 before working on chunk i (one past the row's end loads
+        # nothing: all masked), so a program has two chunks' loads in flight, not one.
+        if PREFETCH:
+            z_next = _chunk(x_row, m_row, 0, N, smk, scale, MASK_KIND, BLOCK_N, L2_HINTS, 1)
         if CHUNK_STATS:
             row_max = tl.full([], float("-inf"), tl.float32)
             row_sum = tl.zeros([], tl.float32)
             for start in range(0, N, BLOCK_N):
-                cols = start + tl.arange(0, BLOCK_N)
-                inb = cols < N
-                z = _scores(x_row + cols, m_row + cols * smk, inb, inb, scale, MASK_KIND,
-                            1 if L2_HINTS else 0)  # fmt: skip
+                if PREFETCH:
+                    z = z_next
+                    z_next = _chunk(x_row, m_row, start + BLOCK_N, N, smk, scale, MASK_KIND,
+                                    BLOCK_N, L2_HINTS, 1)  # fmt: skip
+                else:
+                    z = _chunk(x_row, m_row, start, N, smk, scale, MASK_KIND, BLOCK_N, L2_HINTS, 1)
                 new_max = tl.maximum(row_max, tl.max(z, axis=0))
                 safe_max = _finite(new_max)
                 row_sum = row_sum * tl.exp(row_max - safe_max) + tl.sum(tl.exp(z - safe_max))
@@ -162,23 +180,31 @@ def _softmax_fwd_loop(
             run_max = tl.full([BLOCK_N], float("-inf"), tl.float32)
             run_sum = tl.zeros([BLOCK_N], tl.float32)
             for start in range(0, N, BLOCK_N):
-                cols = start + tl.arange(0, BLOCK_N)
-                inb = cols < N
-                z = _scores(x_row + cols, m_row + cols * smk, inb, inb, scale, MASK_KIND,
-                            1 if L2_HINTS else 0)  # fmt: skip
+                if PREFETCH:
+                    z = z_next
+                    z_next = _chunk(x_row, m_row, start + BLOCK_N, N, smk, scale, MASK_KIND,
+                                    BLOCK_N, L2_HINTS, 1)  # fmt: skip
+                else:
+                    z = _chunk(x_row, m_row, start, N, smk, scale, MASK_KIND, BLOCK_N, L2_HINTS, 1)
                 new_max = tl.maximum(run_max, z)
                 safe_max = _finite(new_max)
                 run_sum = run_sum * tl.exp(run_max - safe_max) + tl.exp(z - safe_max)
                 run_max = new_max
             row_max = _finite(tl.max(run_max, axis=0))
             inv = _inverse(tl.sum(run_sum * tl.exp(run_max - row_max), axis=0), SAFE)
+        if PREFETCH:
+            z_next = _chunk(x_row, m_row, 0, N, smk, scale, MASK_KIND, BLOCK_N, L2_HINTS, 2)
         chunks = tl.cdiv(N, BLOCK_N)
         for i in range(0, chunks):
             start = i * BLOCK_N
             cols = start + tl.arange(0, BLOCK_N)
             inb = cols < N
-            z = _scores(x_row + cols, m_row + cols * smk, inb, inb, scale, MASK_KIND,
-                        2 if L2_HINTS else 0)  # fmt: skip
+            if PREFETCH:
+                z = z_next
+                z_next = _chunk(x_row, m_row, start + BLOCK_N, N, smk, scale, MASK_KIND, BLOCK_N,
+                                L2_HINTS, 2)  # fmt: skip
+            else:
+                z = _chunk(x_row, m_row, start, N, smk, scale, MASK_KIND, BLOCK_N, L2_HINTS, 2)
             y = (tl.exp(z - row_max) * inv).to(y_ptr.dtype.element_ty)
             if L2_HINTS:
                 tl.store(y_row + cols, y, mask=inb, cache_modifier=".cs")
@@ -301,6 +327,7 @@ def softmax_forward(
     loop_l2_hints: bool = False,
     loop_chunk_stats: bool = False,
     loop_maxnreg: int | None = None,
+    loop_prefetch: bool = False,
 ) -> torch.Tensor:
     """softmax(scale * x + mask) over the last dim of a contiguous `x`.
 
@@ -310,8 +337,9 @@ def softmax_forward(
     kernel's chunk, warps, grid (`loop_programs` programs taking rows in turn; one per row
     when None), its cache hints (`loop_l2_hints`), per-chunk statistics (`loop_chunk_stats`) and
     register cap (`loop_maxnreg`, ptxas's .maxnreg: at 32 registers two 32-warp programs fit an
-    SM) are parameters so benchmarks/kernel_configs.py can time them; fp32 rows of 16385-32768
-    without a mask take the hinted loop (LONG_FP32_LOOP).
+    SM) and prefetching (`loop_prefetch`: chunk i + 1's loads issued before chunk i's
+    arithmetic) are parameters so benchmarks/kernel_configs.py can time them; fp32 rows of
+    16385-32768 without a mask take the hinted loop (LONG_FP32_LOOP).
     """
     y, kind, common = forward_args(x, mask, scale)
     if x.numel() == 0:
@@ -331,7 +359,8 @@ def softmax_forward(
         cap = {} if loop_maxnreg is None else {"maxnreg": loop_maxnreg}
         launchable(_softmax_fwd_loop)[(grid,)](
             *common, MASK_KIND=kind, SAFE=safe, BLOCK_N=min(loop_block_n, max_block_n),
-            L2_HINTS=loop_l2_hints, CHUNK_STATS=loop_chunk_stats, num_warps=loop_warps, **cap,
+            L2_HINTS=loop_l2_hints, CHUNK_STATS=loop_chunk_stats, PREFETCH=loop_prefetch,
+            num_warps=loop_warps, **cap,
         )  # fmt: skip
     return y
 
