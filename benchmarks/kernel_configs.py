@@ -21,10 +21,10 @@ kernel holding a row that is not a power of two as power-of-two pieces. Session 
 to 80% of the copy ceiling and became that case's default; the reversed pass (70%) and the
 pieces kernel (below the single block in all 8 cases at 12672) were removed. The hinted arms
 stay, so the choice can be re-checked on another GPU, and new ones wait for the next lease: the
-looped kernel with per-chunk statistics, a register cap and (session 10) prefetching
-(CHUNK_STATS_ARMS), for the bf16 and masked rows of 32768 the single block leaves at 62-77%,
-and, with --bias-act-bwd, bias_act_scale's backward launches (BIAS_BWD_ARMS): at bf16 it was
-below torch.compile's (0.90x at 4096 columns).
+looped kernel with per-chunk statistics and a register cap (CHUNK_STATS_ARMS), which session
+10 measured (the defaults for rows of 16385-32768 without a mask since), and, with
+--bias-act-bwd, bias_act_scale's backward launches (BIAS_BWD_ARMS; prefetching the default
+since session 10).
 
 Results are written after every case (a cut run keeps what it measured), to
 DIR/kernel_configs.json with the environment; a table is printed last.
@@ -66,33 +66,33 @@ L2_HINTED = ((None, 8192, 16), (1, 8192, 16), (2, 8192, 16))
 # (ptxas .maxnreg) so that more programs share an SM: the per-lane 8192/w16 loop took 112
 # registers a thread (ptxas, sm_90), one program per SM; at 32 registers two 32-warp programs
 # fit, and only the per-chunk form compiles there without spilling at 16384-element chunks
-# (tests/kernels/test_kernels_compile.py). Session 10 added prefetching (the next chunk's loads
-# issued before this one's arithmetic, so two chunks are in flight a program), in the forms that
-# compile without spilling at bf16 32768 (ptxas, sm_90: 16384/w32 60-64 registers, 8192/w32 at
-# 32, 8192/w16 110-128). (chunk, warps, maxnreg or None, chunk statistics, prefetch).
+# (tests/kernels/test_kernels_compile.py). (chunk, warps, maxnreg or None, chunk statistics).
+# Session 10 measured them (benchmarks/results/kernels-h200/session10/configs/): per-chunk
+# statistics took 4096 x 32768 to 97% of the copy ceiling at fp32 (16384/w32, capped or not) and
+# 80% at bf16 (8192/w16), the defaults since (LONG_ROW_LOOP); the masked rows stayed with the
+# block. Prefetching the next chunk (two in flight a program) lost in every case (fp32 32768:
+# 60-88% against 90-97% without) and was removed.
 CHUNK_STATS_ARMS = (
-    (16384, 32, 32, True, False), (8192, 32, 32, True, False), (8192, 16, 64, True, False),
-    (4096, 8, 64, True, False), (8192, 16, None, True, False), (16384, 32, None, True, False),
-    (8192, 16, 64, False, False),
-    (16384, 32, None, True, True), (8192, 32, 32, True, True), (8192, 16, None, True, True),
-    (8192, 16, None, False, True),
+    (16384, 32, 32, True), (8192, 32, 32, True), (8192, 16, 64, True), (4096, 8, 64, True),
+    (8192, 16, None, True), (16384, 32, None, True), (8192, 16, 64, False),
 )  # fmt: skip
 TOL = {"fp32": 1e-4, "bf16": 3e-2}
-# Session 10, for the next lease: bias_act_scale's backward, below torch.compile at bf16 4096
-# (0.90x; 52% of the copy ceiling, session 9). Its loop waits out a DRAM round trip per row
-# block: 54 registers at 8 warps (4 programs an SM, ptxas sm_90). PREFETCH issues the next
-# block's loads first (94 registers uncapped; 64 without spilling), 16 warps halve the values
-# per thread, and more programs shorten the loop. (name, bias_act_backward keywords).
+# bias_act_scale's backward, below torch.compile at bf16 4096 in session 9 (0.90x; 52% of the
+# copy ceiling): its loop waited out a DRAM round trip per row block at 54 registers and 8 warps
+# (4 programs an SM, ptxas sm_90). Session 10 (benchmarks/results/kernels-h200/session10/
+# configs/): PREFETCH (the next block's loads issued first) under a 64-register cap won all four
+# cases (bf16 4096 / 12672: 50 / 63% -> 54 / 76%; fp32 73 / 79% -> 78 / 89%) and became the
+# default; 16 warps lost, 2048 programs lost, 512 won three of four. (name, keywords).
+PLAIN_LOOP = {"prefetch": False, "maxnreg": None}
 BIAS_BWD_ARMS = (
-    ("2x1024/w8", {}),
-    ("2x1024/w8 prefetch", {"prefetch": True}),
-    ("2x1024/w8 prefetch r64", {"prefetch": True, "maxnreg": 64}),
-    ("2x1024/w16", {"tile": (2, 1024, 16)}),
-    ("2x1024/w16 prefetch", {"tile": (2, 1024, 16), "prefetch": True}),
-    ("2x1024/w16 prefetch r40", {"tile": (2, 1024, 16), "prefetch": True, "maxnreg": 40}),
-    ("2x1024/w8 2048 programs", {"target_programs": 2048}),
-    ("2x1024/w8 prefetch r64 512 programs", {"prefetch": True, "maxnreg": 64,
-                                             "target_programs": 512}),
+    ("2x1024/w8", PLAIN_LOOP),
+    ("2x1024/w8 prefetch", {"prefetch": True, "maxnreg": None}),
+    ("2x1024/w8 prefetch r64 (default)", {}),
+    ("2x1024/w16", {**PLAIN_LOOP, "tile": (2, 1024, 16)}),
+    ("2x1024/w16 prefetch", {"tile": (2, 1024, 16), "maxnreg": None}),
+    ("2x1024/w16 prefetch r40", {"tile": (2, 1024, 16), "maxnreg": 40}),
+    ("2x1024/w8 2048 programs", {**PLAIN_LOOP, "target_programs": 2048}),
+    ("2x1024/w8 prefetch r64 512 programs", {"target_programs": 512}),
 )  # fmt: skip
 BIAS_BWD_COLS = (4096, 12672)
 
@@ -143,7 +143,8 @@ def _arms(
     arms = []
     block_n = next_power_of_2(cols)
     for warps in BLOCK_WARPS:
-        if block_n // (32 * warps) < 1:  # fewer elements than threads
+        # Fewer elements than threads; past the cap the single block is never used.
+        if block_n // (32 * warps) < 1 or block_n > ks.MAX_BLOCK_N:
             continue
 
         def block(w: int = warps, bn: int = block_n) -> None:
@@ -181,18 +182,16 @@ def _arms(
 
         where = "" if per_sm is None else f" {per_sm}/SM"
         arms.append((f"loop {chunk}/w{warps}{where} hints", hinted))
-    for chunk, warps, maxnreg, stats, prefetch in CHUNK_STATS_ARMS if loops else ():
+    for chunk, warps, maxnreg, stats in CHUNK_STATS_ARMS if loops else ():
         cap = {} if maxnreg is None else {"maxnreg": maxnreg}
-        flags = {"CHUNK_STATS": stats, "PREFETCH": prefetch}
 
-        def capped(c: int = chunk, w: int = warps, k: dict = cap, f: dict = flags) -> None:
-            ks._softmax_fwd_loop[(ROWS,)](*args, **kw, BLOCK_N=c, L2_HINTS=True, **f,
+        def capped(c: int = chunk, w: int = warps, k: dict = cap, s: bool = stats) -> None:
+            ks._softmax_fwd_loop[(ROWS,)](*args, **kw, BLOCK_N=c, L2_HINTS=True, CHUNK_STATS=s,
                                           num_warps=w, **k)  # fmt: skip
 
         what = "chunk-stats" if stats else "lane-stats"
         regs = "" if maxnreg is None else f" r{maxnreg}"
-        ahead = " prefetch" if prefetch else ""
-        arms.append((f"loop {chunk}/w{warps}{regs} hints {what}{ahead}", capped))
+        arms.append((f"loop {chunk}/w{warps}{regs} hints {what}", capped))
     return arms
 
 

@@ -86,12 +86,10 @@ def test_looped_and_backward_kernels_compile():
     _compile(_softmax._softmax_bwd_loop, bwd, {"BLOCK_N": _softmax.LOOP_BLOCK_N}, 8)
     fwd = {"x_ptr": "*fp32", "y_ptr": "*fp32", **ROW_ARGS, **MASK_ARGS, "m_ptr": "*fp32"}
     consts = {"MASK_KIND": 2, "SAFE": True, "BLOCK_N": _softmax.LOOP_BLOCK_N,
-              "L2_HINTS": False, "CHUNK_STATS": False, "PREFETCH": False}  # fmt: skip
+              "L2_HINTS": False, "CHUNK_STATS": False}  # fmt: skip
     _compile(_softmax._softmax_fwd_loop, fwd, consts, 8)
-    # The per-chunk statistics and prefetching variants compile.
+    # The per-chunk statistics variant compiles.
     _compile(_softmax._softmax_fwd_loop, fwd, {**consts, "CHUNK_STATS": True}, 8)
-    _compile(_softmax._softmax_fwd_loop, fwd, {**consts, "PREFETCH": True}, 8)
-    _compile(_softmax._softmax_fwd_loop, fwd, {**consts, "PREFETCH": True, "CHUNK_STATS": True}, 8)
     # The cache hints (the fp32 long rows' default) reach the PTX.
     hinted = {**consts, "L2_HINTS": True}
     ptx = _compile(_softmax._softmax_fwd_loop, fwd, hinted, 8).asm["ptx"]
@@ -104,7 +102,7 @@ def test_chunk_statistics_let_two_32_warp_bf16_loops_share_an_sm_without_spillin
     # 356 bytes seen); the per-chunk statistics hold two scalars instead and do not. This is
     # the premise of kernel_configs.py's "chunk-stats 16384/w32 r32" arm.
     fwd = {"x_ptr": "*bf16", "y_ptr": "*bf16", **ROW_ARGS, **MASK_ARGS}
-    consts = {"MASK_KIND": 0, "SAFE": False, "BLOCK_N": 16384, "L2_HINTS": True, "PREFETCH": False}
+    consts = {"MASK_KIND": 0, "SAFE": False, "BLOCK_N": 16384, "L2_HINTS": True}
 
     def spills(chunk_stats: bool) -> int:
         compiled = _compile(_softmax._softmax_fwd_loop, fwd, {**consts, "CHUNK_STATS": chunk_stats},
@@ -141,11 +139,26 @@ def test_bias_act_kernels_compile_without_spills(code):
     block_m, block_n, warps = _bias_act.tile_config(12672, _bias_act.BWD_TILE)
     consts = {"ACT": code, "BLOCK_M": block_m, "BLOCK_N": block_n, "PREFETCH": False}
     assert _ptxas_spills(_compile(_bias_act._bias_act_bwd, bwd, consts, warps)) == 0
-    # kernel_configs.py's prefetching arm: two row blocks' loads held at once fit 64 registers
-    # (ptxas, sm_90: 80-94 uncapped; 4 programs of 8 warps an SM at 64).
+    # The default prefetching backward: two row blocks' loads held at once fit its 64-register
+    # cap (ptxas, sm_90: 80-94 uncapped; 4 programs of 8 warps an SM at 64).
     prefetch = {**consts, "PREFETCH": True}
-    compiled = _compile(_bias_act._bias_act_bwd, bwd, prefetch, warps, maxnreg=64)
+    compiled = _compile(
+        _bias_act._bias_act_bwd, bwd, prefetch, warps, maxnreg=_bias_act.BWD_MAXNREG
+    )
     assert _ptxas_spills(compiled) == 0
+
+
+@pytest.mark.parametrize("mask_kind", [1, 2])
+def test_the_capped_masked_fp32_block_spills_at_most_a_word(mask_kind):
+    # forward_maxnreg's cap: uncapped the 16-warp block takes 118-124 registers (one program an
+    # SM); at 64 ptxas spills 4 bytes a thread (sm_90), measured faster all the same.
+    sig = {"x_ptr": "*fp32", "y_ptr": "*fp32", **ROW_ARGS, **MASK_ARGS}
+    sig["m_ptr"] = "*i1" if mask_kind == 1 else "*fp32"
+    block_m, block_n, warps = _softmax.forward_config(12672, masked=True, itemsize=4)
+    consts = {"MASK_KIND": mask_kind, "SAFE": True, "BLOCK_M": block_m, "BLOCK_N": block_n}
+    maxnreg = _softmax.forward_maxnreg(12672, masked=True, itemsize=4)
+    compiled = _compile(_softmax._softmax_fwd_block, sig, consts, warps, maxnreg=maxnreg)
+    assert _ptxas_spills(compiled) <= 4
 
 
 def test_block_configs_hold_16_values_per_thread():
@@ -171,12 +184,20 @@ def test_block_configs_hold_16_values_per_thread():
     assert forward_config(8192, masked=True, itemsize=2) == (1, 8192, 8)
     assert forward_config(8192, masked=False, itemsize=2) == (1, 8192, 16)
     assert forward_config(12672, masked=True, itemsize=2) == (1, 16384, 16)
-    # fp32 rows of 16385-32768 without a mask take the hinted loop instead (80% of the copy
-    # against the block's 71% at 32768); bf16 and the masked forward keep the block.
-    hinted = _softmax.takes_hinted_loop
-    assert hinted(32768, masked=False, itemsize=4) and hinted(16385, masked=False, itemsize=4)
-    assert not hinted(16384, masked=False, itemsize=4) and not hinted(40000, False, 4)
-    assert not hinted(32768, masked=True, itemsize=4) and not hinted(32768, False, itemsize=2)
+    # Rows of 16385-32768 without a mask take the loop with per-chunk statistics instead (97% /
+    # 80% of the copy fp32 / bf16 against the block's 70% / 64% at 32768); the masked forward
+    # keeps the block, and rows past the cap the plain loop.
+    loop = _softmax.long_row_loop
+    assert loop(32768, masked=False, itemsize=4) == loop(16385, False, 4) == (16384, 32)
+    assert loop(32768, masked=False, itemsize=2) == (8192, 16)
+    assert loop(16384, False, 4) is None and loop(40000, False, 4) is None
+    assert loop(32768, masked=True, itemsize=4) is None
+    # The masked fp32 forward in 16384-element blocks runs under a 64-register cap (87% of the
+    # copy against 73-84% uncapped); nothing else is capped.
+    cap = _softmax.forward_maxnreg
+    assert cap(12672, masked=True, itemsize=4) == cap(8193, True, 4) == 64
+    assert cap(8192, True, 4) is None and cap(32768, True, 4) is None
+    assert cap(12672, masked=True, itemsize=2) is None and cap(12672, False, 4) is None
     # bias_act: 16 values per thread forward, 8 backward, tiles of at most 8 rows.
     assert tile_config(256, _bias_act.FWD_TILE) == (8, 256, 4)
     assert tile_config(12672, _bias_act.FWD_TILE) == (4, 1024, 8)

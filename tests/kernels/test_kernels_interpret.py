@@ -70,29 +70,25 @@ def test_looped_forward_with_fewer_programs_than_rows_covers_every_row(interpret
     assert torch.equal(y[0, 0, 4], torch.zeros(50))
 
 
-def test_fp32_long_rows_take_the_hinted_loop_and_compute_softmax(interpreted):
-    # 20000 fp32 columns: the default path for rows of 16385-32768 (LONG_FP32_LOOP's 8192-long
-    # chunks, the last one partial), checked against torch as every other path.
-    x = _randn((2, 20000), torch.float32)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_long_rows_take_the_chunk_statistics_loop_and_compute_softmax(interpreted, dtype):
+    # 20000 columns: the default path for rows of 16385-32768 without a mask (LONG_ROW_LOOP's
+    # 16384- or 8192-long chunks, the last one partial), checked against torch as every other
+    # path.
+    x = _randn((2, 20000), dtype)
     y = interpreted("_softmax", "softmax_forward", x)
-    assert_close(y, softmax_ref(x), torch.float32, "fp32 20000, hinted loop")
+    assert_close(y, softmax_ref(x), dtype, "20000 columns, chunk-statistics loop")
 
 
 @pytest.mark.parametrize(
     "kw",
-    [
-        {"loop_l2_hints": True},
-        {"loop_chunk_stats": True, "loop_maxnreg": 32},
-        {"loop_prefetch": True},
-        {"loop_prefetch": True, "loop_chunk_stats": True, "loop_l2_hints": True},
-    ],
-    ids=["hints", "chunk-stats", "prefetch", "prefetch-chunk-stats"],
+    [{"loop_l2_hints": True}, {"loop_chunk_stats": True, "loop_maxnreg": 32}],
+    ids=["hints", "chunk-stats"],
 )
 def test_looped_forward_variants_compute_the_same_softmax(interpreted, kw):
     # The cache hints change how memory traffic is cached only; the per-chunk statistics how the
-    # running max and sum are kept; prefetching when a chunk's loads are issued. A partial last
-    # chunk (50 = 3 x 16 + 2), a mask, a fully masked row, and a row whose first chunk is fully
-    # masked (its max starts at -inf).
+    # running max and sum are kept. A partial last chunk (50 = 3 x 16 + 2), a mask, a fully
+    # masked row, and a row whose first chunk is fully masked (its max starts at -inf).
     x = _randn((1, 2, 3, 50), torch.float32)
     mask = torch.ones(1, 1, 3, 50, dtype=torch.bool)
     mask[0, 0, 1] = False
@@ -112,13 +108,7 @@ def test_looped_forward_variants_compute_the_same_softmax(interpreted, kw):
 def test_softmax_kernel_row_of_neg_inf_is_nan_like_torch(interpreted):
     x = torch.zeros(3, 40)
     x[1] = float("-inf")
-    looped = {"max_block_n": 16}
-    for cap in (
-        {},
-        looped,
-        {**looped, "loop_chunk_stats": True},
-        {**looped, "loop_prefetch": True},
-    ):
+    for cap in ({}, {"max_block_n": 16}, {"max_block_n": 16, "loop_chunk_stats": True}):
         y = interpreted("_softmax", "softmax_forward", x, **cap)
         assert torch.isnan(y[1]).all()
         torch.testing.assert_close(y[[0, 2]], torch.full((2, 40), 1 / 40))

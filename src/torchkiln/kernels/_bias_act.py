@@ -29,6 +29,12 @@ GELU_POLY, GELU_POLY_FAST = 2, 3
 # ptxas -v for sm_90: these stay at 43-64 registers, no spills; 8192-element forward tiles took
 # 84-154 registers and 16-row tiles of 256 columns ~90 (more 64-bit row pointers per thread).
 FWD_TILE, BWD_TILE, MAX_BLOCK_M, MAX_BLOCK_N = 4096, 2048, 8, 1024
+# The backward issues the next row block's loads before this one's arithmetic (PREFETCH) and runs
+# under a 64-register cap (uncapped 80-94 registers; at 64, 4 programs of 8 warps share an SM,
+# no spills: ptxas, sm_90). H200, session 10 (benchmarks/kernel_configs.py), fraction of the copy
+# ceiling at 4096 x 4096 / 4096 x 12672: bf16 50 / 63% -> 54 / 76%, fp32 73 / 79% -> 78 / 89%.
+# The cap is ptxas's .maxnreg: NVIDIA only.
+BWD_PREFETCH, BWD_MAXNREG = True, 64
 # About 8 programs per SM of a 132-SM H200: enough to fill the GPU while keeping the partial
 # bias sums (programs_over_rows x N fp32) negligible next to the tensors themselves.
 TARGET_PROGRAMS = 1024
@@ -242,17 +248,17 @@ def bias_act_backward(
     scale: float,
     target_programs: int = TARGET_PROGRAMS,
     code: int | None = None,
-    prefetch: bool = False,
+    prefetch: bool = BWD_PREFETCH,
     tile: tuple[int, int, int] | None = None,
-    maxnreg: int | None = None,
+    maxnreg: int | None = BWD_MAXNREG,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dbias) of act(x + bias) * scale; `x` and `dy` contiguous and of the same shape.
 
     `target_programs` lets tests make each program loop over several row blocks; `code` forces
     the kernel's ACT, as in bias_act_forward. `prefetch` (the next row block's loads issued
     before this one's arithmetic), `tile` ((BLOCK_M, BLOCK_N, num_warps) instead of
-    tile_config's) and `maxnreg` (ptxas's register cap) are the launch choices
-    benchmarks/kernel_configs.py times.
+    tile_config's) and `maxnreg` (ptxas's register cap, None for none) are the launch choices
+    benchmarks/kernel_configs.py times; the defaults are BWD_PREFETCH and BWD_MAXNREG.
     """
     n = x.shape[-1]
     dx = torch.empty_like(x)
@@ -266,7 +272,7 @@ def bias_act_backward(
     rows_per_prog = cdiv(row_blocks, groups) * block_m
     groups = cdiv(m, rows_per_prog)
     partial = torch.empty((groups, n), dtype=torch.float32, device=x.device)
-    cap = {} if maxnreg is None else {"maxnreg": maxnreg}
+    cap = {} if maxnreg is None or torch.version.hip is not None else {"maxnreg": maxnreg}
     launchable(_bias_act_bwd)[(groups, col_blocks)](
         x, bias, dy, dx, partial, m, n, rows_per_prog, float(scale),
         ACT=act_code(act, x) if code is None else code, BLOCK_M=block_m,

@@ -31,14 +31,22 @@ ROW_TILE_SHORT, ROW_TILE = 2048, 4096
 MASKED_WIDE_BLOCK_N = 16384
 
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
-# fp32 softmax rows longer than half the cap (so held in a 32768-element block): the looped kernel
-# with 8192-element chunks at 16 warps and its L2 hints instead. H200, 4096 x 32768 (session 9,
-# benchmarks/kernel_configs.py): 80% of the copy ceiling against the 32-warp block's 71% (the
-# same loop without hints 65%, reversed 70%). A 32-warp block of more than 32 registers a thread
-# is alone on its SM, so one row is in flight per SM and its reductions stall the loads. Not for
-# bf16 (the loop 58% against the block's 64%) nor the masked forward (fp32 51% against 77%);
-# rows past the cap keep the loop's defaults (unmeasured with hints: the bench stops at 32768).
-LONG_FP32_LOOP = (8192, 16)
+# Rows longer than half the cap (so held in a 32768-element block) without a mask take the looped
+# kernel with per-chunk statistics and L2 hints instead, (chunk, warps) by element size. H200,
+# 4096 x 32768 (session 10, benchmarks/kernel_configs.py): fp32 97% of the copy ceiling at
+# 16384-element chunks and 32 warps (the 32-warp block 70%, session 9's hinted loop with per-lane
+# statistics 77%), bf16 80% at 8192 / 16 (block 64%). A 32-warp block is alone on its SM, so one
+# row is in flight per SM and its reductions stall the loads; the per-chunk statistics hold two
+# scalars where the per-lane loop held a running max and sum per element. fp16 takes bf16's
+# (same bytes; unmeasured). The masked forward keeps the block (77% / 62% fp32 / bf16 against
+# the loops' best 64% / 50%), and rows past the cap keep the per-lane loop (unmeasured there:
+# the bench stops at 32768).
+LONG_ROW_LOOP = {4: (16384, 32), 2: (8192, 16)}
+# The masked fp32 forward in 16384-element blocks (rows of 8193-16384) at 16 warps and at most 64
+# registers a thread, so two programs share an SM (uncapped it took more than 64): H200, session
+# 10, 87% of the copy ceiling at 4096 x 12672 and 4096 x 16384 against 73% and 84% uncapped.
+# bf16 lost under the cap (65% / 74% against 69% / 77%). ptxas's .maxnreg: NVIDIA only.
+MASKED_FP32_WIDE_MAXNREG = 64
 
 
 @triton.jit
@@ -92,17 +100,6 @@ def _scores(x_ptrs, m_ptrs, inb, col_ok, scale, MASK_KIND: tl.constexpr, EVICT: 
     return tl.where(col_ok, z, float("-inf"))
 
 
-@triton.jit
-def _chunk(x_row, m_row, start, N, smk, scale, MASK_KIND: tl.constexpr, BLOCK_N: tl.constexpr,
-           L2_HINTS: tl.constexpr, PASS: tl.constexpr):  # fmt: skip
-    # The scores of one chunk of a row for the looped forward; with L2_HINTS the first pass
-    # (PASS 1) keeps its reads in L2 and the second streams them.
-    cols = start + tl.arange(0, BLOCK_N)
-    inb = cols < N
-    evict = PASS if L2_HINTS else 0
-    return _scores(x_row + cols, m_row + cols * smk, inb, inb, scale, MASK_KIND, evict)
-
-
 # Addressing: a 64-bit base pointer per row plus 32-bit column offsets. Building a 64-bit offset
 # per element instead costs two registers each; at 32768 fp32 per row and 32 warps that spilled
 # ~500 bytes per thread (ptxas -v, sm_90) where this layout spills none.
@@ -134,16 +131,16 @@ def _softmax_fwd_loop(
     x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale,
     MASK_KIND: tl.constexpr, SAFE: tl.constexpr, BLOCK_N: tl.constexpr,
     L2_HINTS: tl.constexpr = False, CHUNK_STATS: tl.constexpr = False,
-    PREFETCH: tl.constexpr = False,
 ):  # fmt: skip
     scale = tl.cast(scale, tl.float32)  # Inductor passes Python floats as fp64 (H200 run)
     # Rows pid, pid + G, ... for a grid of G programs: one row each when G == M. A smaller grid
     # keeps fewer rows in flight, so a row's second read may come from L2 (softmax_forward's
     # `loop_programs`; it did not help on the H200, sessions 8-9). L2_HINTS keeps the first
     # pass's reads in L2 (evict_last) and streams the second pass's reads and the stores
-    # (evict_first, .cs) so the output does not push the input out: the default for fp32 rows
-    # of 16385-32768 (LONG_FP32_LOOP). Taking the second pass from the row's end instead
-    # (where the first pass's latest reads are) measured 70% against the hints' 80%: removed.
+    # (evict_first, .cs) so the output does not push the input out: the default, with
+    # CHUNK_STATS, for rows of 16385-32768 without a mask (LONG_ROW_LOOP). Taking the second pass
+    # from the row's end instead (where the first pass's latest reads are) measured 70% against
+    # the hints' 80% (session 9): removed.
     for r in range(tl.program_id(0), M, tl.num_programs(0)):
         row = r + tl.full([], 0, tl.int64)  # int64 addressing (the interpreter gives an int)
         x_row = x_ptr + row * N
@@ -153,23 +150,17 @@ def _softmax_fwd_loop(
         # lane (a running max and a sum rescaled to it, reduced once at the end: two exps per
         # element) or, with CHUNK_STATS, per chunk (the chunk's max and sum reduced across the
         # block, then folded into two scalars: one exp per element, two block reductions per
-        # chunk, and two fewer registers per element a thread holds). CHUNK_STATS is an
-        # experiment for the bf16 rows of 32768, where the per-lane loop reached 58% of the copy
-        # on the H200 against fp32's 80% (session 9); benchmarks/kernel_configs.py times it.
-        # PREFETCH loads chunk i + 1 before working on chunk i (one past the row's end loads
-        # nothing: all masked), so a program has two chunks' loads in flight, not one.
-        if PREFETCH:
-            z_next = _chunk(x_row, m_row, 0, N, smk, scale, MASK_KIND, BLOCK_N, L2_HINTS, 1)
+        # chunk, and two fewer registers per element a thread holds). On the H200 at 32768
+        # (session 10) the per-chunk form took fp32 from 77% to 97% of the copy ceiling and
+        # bf16 from 58% to 80% (LONG_ROW_LOOP); prefetching the next chunk lost everywhere.
         if CHUNK_STATS:
             row_max = tl.full([], float("-inf"), tl.float32)
             row_sum = tl.zeros([], tl.float32)
             for start in range(0, N, BLOCK_N):
-                if PREFETCH:
-                    z = z_next
-                    z_next = _chunk(x_row, m_row, start + BLOCK_N, N, smk, scale, MASK_KIND,
-                                    BLOCK_N, L2_HINTS, 1)  # fmt: skip
-                else:
-                    z = _chunk(x_row, m_row, start, N, smk, scale, MASK_KIND, BLOCK_N, L2_HINTS, 1)
+                cols = start + tl.arange(0, BLOCK_N)
+                inb = cols < N
+                z = _scores(x_row + cols, m_row + cols * smk, inb, inb, scale, MASK_KIND,
+                            1 if L2_HINTS else 0)  # fmt: skip
                 new_max = tl.maximum(row_max, tl.max(z, axis=0))
                 safe_max = _finite(new_max)
                 row_sum = row_sum * tl.exp(row_max - safe_max) + tl.sum(tl.exp(z - safe_max))
@@ -180,31 +171,23 @@ def _softmax_fwd_loop(
             run_max = tl.full([BLOCK_N], float("-inf"), tl.float32)
             run_sum = tl.zeros([BLOCK_N], tl.float32)
             for start in range(0, N, BLOCK_N):
-                if PREFETCH:
-                    z = z_next
-                    z_next = _chunk(x_row, m_row, start + BLOCK_N, N, smk, scale, MASK_KIND,
-                                    BLOCK_N, L2_HINTS, 1)  # fmt: skip
-                else:
-                    z = _chunk(x_row, m_row, start, N, smk, scale, MASK_KIND, BLOCK_N, L2_HINTS, 1)
+                cols = start + tl.arange(0, BLOCK_N)
+                inb = cols < N
+                z = _scores(x_row + cols, m_row + cols * smk, inb, inb, scale, MASK_KIND,
+                            1 if L2_HINTS else 0)  # fmt: skip
                 new_max = tl.maximum(run_max, z)
                 safe_max = _finite(new_max)
                 run_sum = run_sum * tl.exp(run_max - safe_max) + tl.exp(z - safe_max)
                 run_max = new_max
             row_max = _finite(tl.max(run_max, axis=0))
             inv = _inverse(tl.sum(run_sum * tl.exp(run_max - row_max), axis=0), SAFE)
-        if PREFETCH:
-            z_next = _chunk(x_row, m_row, 0, N, smk, scale, MASK_KIND, BLOCK_N, L2_HINTS, 2)
         chunks = tl.cdiv(N, BLOCK_N)
         for i in range(0, chunks):
             start = i * BLOCK_N
             cols = start + tl.arange(0, BLOCK_N)
             inb = cols < N
-            if PREFETCH:
-                z = z_next
-                z_next = _chunk(x_row, m_row, start + BLOCK_N, N, smk, scale, MASK_KIND, BLOCK_N,
-                                L2_HINTS, 2)  # fmt: skip
-            else:
-                z = _chunk(x_row, m_row, start, N, smk, scale, MASK_KIND, BLOCK_N, L2_HINTS, 2)
+            z = _scores(x_row + cols, m_row + cols * smk, inb, inb, scale, MASK_KIND,
+                        2 if L2_HINTS else 0)  # fmt: skip
             y = (tl.exp(z - row_max) * inv).to(y_ptr.dtype.element_ty)
             if L2_HINTS:
                 tl.store(y_row + cols, y, mask=inb, cache_modifier=".cs")
@@ -280,10 +263,22 @@ def forward_config(n_cols: int, masked: bool, itemsize: int) -> tuple[int, int, 
     return block_m, block_n, num_warps
 
 
-def takes_hinted_loop(n_cols: int, masked: bool, itemsize: int) -> bool:
-    """Whether the forward over rows of `n_cols` takes the looped kernel with L2 hints
-    (LONG_FP32_LOOP) although the row would fit one block: fp32, no mask, 16385-32768."""
-    return not masked and itemsize == 4 and MAX_BLOCK_N // 2 < n_cols <= MAX_BLOCK_N
+def long_row_loop(n_cols: int, masked: bool, itemsize: int) -> tuple[int, int] | None:
+    """(chunk, warps) of the looped forward with per-chunk statistics and L2 hints where rows of
+    `n_cols` take it although they would fit one block (LONG_ROW_LOOP: no mask, 16385-32768),
+    else None."""
+    if masked or not MAX_BLOCK_N // 2 < n_cols <= MAX_BLOCK_N:
+        return None
+    return LONG_ROW_LOOP.get(itemsize, LONG_ROW_LOOP[2])
+
+
+def forward_maxnreg(n_cols: int, masked: bool, itemsize: int) -> int | None:
+    """ptxas's register cap for the single-block forward over rows of `n_cols`, or None:
+    MASKED_FP32_WIDE_MAXNREG for the masked fp32 forward in 16384-element blocks on NVIDIA GPUs."""
+    wide = MASKED_WIDE_BLOCK_N == next_power_of_2(n_cols)
+    if masked and itemsize == 4 and wide and torch.version.hip is None:
+        return MASKED_FP32_WIDE_MAXNREG
+    return None
 
 
 def mask_layout(shape: tuple[int, ...], mask: torch.Tensor) -> tuple[int, int, tuple[int, ...]]:
@@ -327,7 +322,6 @@ def softmax_forward(
     loop_l2_hints: bool = False,
     loop_chunk_stats: bool = False,
     loop_maxnreg: int | None = None,
-    loop_prefetch: bool = False,
 ) -> torch.Tensor:
     """softmax(scale * x + mask) over the last dim of a contiguous `x`.
 
@@ -337,30 +331,32 @@ def softmax_forward(
     kernel's chunk, warps, grid (`loop_programs` programs taking rows in turn; one per row
     when None), its cache hints (`loop_l2_hints`), per-chunk statistics (`loop_chunk_stats`) and
     register cap (`loop_maxnreg`, ptxas's .maxnreg: at 32 registers two 32-warp programs fit an
-    SM) and prefetching (`loop_prefetch`: chunk i + 1's loads issued before chunk i's
-    arithmetic) are parameters so benchmarks/kernel_configs.py can time them; fp32 rows of
-    16385-32768 without a mask take the hinted loop (LONG_FP32_LOOP).
+    SM) are parameters so benchmarks/kernel_configs.py can time them; rows of 16385-32768
+    without a mask take the loop with per-chunk statistics and hints (LONG_ROW_LOOP).
     """
     y, kind, common = forward_args(x, mask, scale)
     if x.numel() == 0:
         return y
     m, n = common[3], common[4]
-    if takes_hinted_loop(n, kind != MASK_NONE, x.element_size()) and n <= max_block_n:
-        loop_block_n, loop_warps = LONG_FP32_LOOP
-        loop_l2_hints, max_block_n = True, MAX_BLOCK_N // 2  # into the loop below
+    masked, itemsize = kind != MASK_NONE, x.element_size()
+    long_loop = long_row_loop(n, masked, itemsize)
+    if long_loop is not None and n <= max_block_n:
+        loop_block_n, loop_warps = long_loop
+        loop_l2_hints, loop_chunk_stats = True, True
+        max_block_n = MAX_BLOCK_N // 2  # into the loop below
     if n <= max_block_n:
-        block_m, block_n, num_warps = forward_config(n, kind != MASK_NONE, x.element_size())
+        block_m, block_n, num_warps = forward_config(n, masked, itemsize)
+        maxnreg = forward_maxnreg(n, masked, itemsize)
         launchable(_softmax_fwd_block)[(cdiv(m, block_m),)](
             *common, MASK_KIND=kind, SAFE=safe, BLOCK_M=block_m, BLOCK_N=block_n,
-            num_warps=num_warps,
+            num_warps=num_warps, **({} if maxnreg is None else {"maxnreg": maxnreg}),
         )  # fmt: skip
     else:
         grid = m if loop_programs is None else max(1, min(m, loop_programs))
         cap = {} if loop_maxnreg is None else {"maxnreg": loop_maxnreg}
         launchable(_softmax_fwd_loop)[(grid,)](
             *common, MASK_KIND=kind, SAFE=safe, BLOCK_N=min(loop_block_n, max_block_n),
-            L2_HINTS=loop_l2_hints, CHUNK_STATS=loop_chunk_stats, PREFETCH=loop_prefetch,
-            num_warps=loop_warps, **cap,
+            L2_HINTS=loop_l2_hints, CHUNK_STATS=loop_chunk_stats, num_warps=loop_warps, **cap,
         )  # fmt: skip
     return y
 
