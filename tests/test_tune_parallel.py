@@ -23,6 +23,7 @@ def test_independent_candidates_run_at_once_one_per_gpu(tmp_path, monkeypatch):
         trial_dir,
         *,
         timeout_s,
+        wall_s=None,
         gpu=None,
         host_lock=None,
         on_phase=None,
@@ -33,7 +34,7 @@ def test_independent_candidates_run_at_once_one_per_gpu(tmp_path, monkeypatch):
         with lock:
             calls.append(
                 {"variant": spec.variant, "index": spec.index, "gpu": gpu,
-                 "host_lock": host_lock,
+                 "host_lock": host_lock, "timeout_s": timeout_s, "wall_s": wall_s,
                  "baseline": spec.baseline, "start": start, "end": time.monotonic()}
             )  # fmt: skip
         # Earlier candidates lead (2.0x, 1.99x, ...); head-to-head challengers lose.
@@ -82,6 +83,9 @@ def test_independent_candidates_run_at_once_one_per_gpu(tmp_path, monkeypatch):
     assert all(c["host_lock"] for c in search)
     assert all(a["host_lock"] == b["host_lock"] for a, b in overlapping)
     assert all(c["host_lock"] is None for c in [*h2h, eager])
+    # A search trial's own cap (its waits for the host not counted) sits within a wall limit
+    # (the search's room, which counts them); every trial has both.
+    assert all(c["wall_s"] is not None and c["timeout_s"] > 0 for c in calls)
     # The tune still ends with a pick and the head-to-head of its finalists.
     assert doc["selection"]["best"] is not None
     assert (tmp_path / "t" / "report.html").exists()

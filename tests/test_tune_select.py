@@ -403,22 +403,15 @@ def test_the_search_keeps_time_for_the_head_to_head_stage():
 def test_a_trial_capped_by_the_budget_stops_early_enough_to_keep_the_reserve():
     """Session 7: a trial stopped exactly where the search's share ended overran it by the
     seconds its stop took, and the head-to-head it left time for missed by about 1 s."""
-    from torchkiln.tune.pipeline import (
-        BUDGET_CAP_NOTE,
-        CAP_NOTE,
-        TRIAL_CAP_MIN_S,
-        TRIAL_STOP_S,
-        search_cap,
-    )
+    from torchkiln.tune.pipeline import TRIAL_CAP_MIN_S, TRIAL_STOP_S, search_limits
 
-    # Plenty of room: the trial's own cap (at least TRIAL_CAP_MIN_S).
-    assert search_cap(30.0, 400.0) == (TRIAL_CAP_MIN_S, CAP_NOTE)
-    # Room for less than its cap: it stops TRIAL_STOP_S before the search's share ends.
-    cap, why = search_cap(60.0, 87.0)
-    assert why == BUDGET_CAP_NOTE
-    assert cap == pytest.approx(87.0 - TRIAL_STOP_S)
+    # Plenty of room: the trial's own cap (at least TRIAL_CAP_MIN_S) within the search's room.
+    assert search_limits(30.0, 400.0) == (TRIAL_CAP_MIN_S, 400.0 - TRIAL_STOP_S)
+    # Room for less than its cap: its wall limit ends TRIAL_STOP_S before the search's share.
+    own, wall = search_limits(60.0, 87.0)
+    assert own == 180.0 and wall == pytest.approx(87.0 - TRIAL_STOP_S)  # 3x its 60 s
     # No room at all: a 1 s limit (the trial reports a timeout), never a negative one.
-    assert search_cap(60.0, 4.0) == (1.0, BUDGET_CAP_NOTE)
+    assert search_limits(60.0, 4.0)[1] == 1.0
     # A candidate the search lets start (its estimate within search_room) is never given less
     # time than its estimate (a CPU tune once started eager+bf16 with a 1 s limit).
     from torchkiln.tune.pipeline import search_room
@@ -426,7 +419,20 @@ def test_a_trial_capped_by_the_budget_stops_early_enough_to_keep_the_reserve():
     for left in (5.0, 11.0, 40.0, 87.0, 400.0):
         for need in (0.5, 8.0, 30.0, 77.0):
             if need <= search_room(left):
-                assert search_cap(need, left)[0] >= need
+                assert min(search_limits(need, left)) >= need
+
+
+def test_a_stopped_trial_is_told_which_limit_stopped_it():
+    """Session 10, bert-base training on two H200s: a trial's reason has to say whether its own
+    cap (waits for the host not counted) or the search's share of the budget ended it."""
+    from torchkiln.tune.pipeline import BUDGET_CAP_NOTE, CAP_NOTE, stop_note
+
+    assert stop_note("own", own_s=120.0, wall_s=300.0, limit_s=400.0) == CAP_NOTE
+    assert stop_note("wall", own_s=120.0, wall_s=77.0, limit_s=400.0) == BUDGET_CAP_NOTE
+    # Limits no shorter than the whole budget left: the report's budget line says it all.
+    assert stop_note("wall", own_s=120.0, wall_s=400.0, limit_s=400.0) == ""
+    assert stop_note("own", own_s=400.0, wall_s=400.0, limit_s=400.0) == ""
+    assert stop_note(None, own_s=120.0, wall_s=77.0, limit_s=400.0) == ""
 
 
 def test_the_plain_modes_at_the_lead_precision_run_before_other_scopes():

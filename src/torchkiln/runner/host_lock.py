@@ -7,7 +7,8 @@ and an exclusive one while it times its reps. Reps are never taken while another
 and compiles still overlap each other. A trial holds at most one lock at a time and releases it
 between phases, so no two trials can wait on each other. Time spent waiting is its own phase
 (`host_wait` in the trial's `phase_s`), never part of the phase that follows: a compile's
-measured time does not include a wait for the lock. (On two H200s, session 9, a host-bound
+measured time does not include a wait for the lock, nor does the trial's time limit count it
+(WAITING_SUFFIX). (On two H200s, session 9, a host-bound
 variant read 2.60-4.97 ms over four leases with different neighbours and hosts, so what a
 neighbour costs was not isolated; the turns make the question moot for the reps.)
 """
@@ -19,6 +20,11 @@ import os
 import time
 
 HOST_LOCK_ENV = "KILN_HOST_LOCK"
+# Appended to the phase a trial writes for its parent while it waits for its turn: the parent's
+# clock for the trial's own time limit stops meanwhile (launch._spawn). Session 10, bert-base
+# training on two H200s: a regional-compile trial waited ~60 s for its neighbour's whole-step
+# compile, and that wait, counted against its 125 s cap, stopped it in its timed reps.
+WAITING_SUFFIX = " (waiting for the host)"
 # Phases whose timing is the result: the paired reps. Warm-up runs before them under the shared
 # lock (its steps are not the result, and a compiled baseline's warm-up may compile).
 TIMED_PHASES = frozenset({"measure", "measure_baseline"})

@@ -10,11 +10,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torchkiln.runner.autotune_log import autotune_rounds, describe
-from torchkiln.runner.host_lock import HOST_LOCK_ENV
+from torchkiln.runner.host_lock import HOST_LOCK_ENV, WAITING_SUFFIX
 from torchkiln.runner.trial import TrialSpec, base_result
 from torchkiln.runner.worker import partial_path
 
@@ -42,6 +43,24 @@ def _kill_group(proc: subprocess.Popen) -> None:
             continue
 
 
+# Once a trial has written its whole result, its process may still spend seconds tearing down
+# (CUDA graphs, Inductor's compile workers); after this grace it is ended rather than waited for.
+EXIT_GRACE_S = 5.0
+
+
+@dataclass
+class Spawned:
+    """What one worker process left: its result (None if it wrote none), exit code, last phase,
+    whether a limit stopped it and which ("own": its time limit, host waits not counted; "wall":
+    the hard one), and the seconds it reported waiting for its turn on the host."""
+
+    result: dict[str, Any] | None
+    code: int | None
+    phase: str
+    stopped_by: str | None
+    host_wait_s: float
+
+
 def _spawn(
     mode: str,
     spec: TrialSpec,
@@ -49,7 +68,11 @@ def _spawn(
     timeout_s: float,
     env: dict[str, str],
     on_phase: Callable[[str], None] | None,
-) -> tuple[dict[str, Any] | None, int | None, str, bool]:
+    wall_s: float | None = None,
+) -> Spawned:
+    """Runs the worker until it exits or a limit passes: `timeout_s` of its own time (its clock
+    stops while it reports waiting for the host: host_lock.WAITING_SUFFIX) and, if given,
+    `wall_s` of wall time, whatever it waited for."""
     trial_dir.mkdir(parents=True, exist_ok=True)
     spec_path = trial_dir / f"{mode}-spec.json"
     result_path = trial_dir / f"{mode}-result.json"
@@ -71,38 +94,51 @@ def _spawn(
             env=env,
             start_new_session=True,
         )
-        deadline = time.monotonic() + timeout_s
-        last_phase = ""
-        timed_out = False
+        start = last_poll = time.monotonic()
+        hard = None if wall_s is None else start + wall_s
+        last_phase, waited, stopped_by, written = "", 0.0, None, None
         while True:
             try:
                 proc.wait(timeout=0.25)
                 break
             except subprocess.TimeoutExpired:
                 pass
+            now = time.monotonic()
+            if last_phase.endswith(WAITING_SUFFIX):
+                waited += now - last_poll
+            last_poll = now
             if phase_path.exists():
                 phase = phase_path.read_text().strip()
                 if phase and phase != last_phase:
                     last_phase = phase
                     if on_phase:
                         on_phase(phase)
-            if time.monotonic() > deadline:
-                timed_out = True
+            if result_path.exists():  # written whole (os.replace): only the exit is left
+                written = written or now
+                if now - written > EXIT_GRACE_S:
+                    break
+            elif now > start + timeout_s + waited:
+                stopped_by = "own"
+            elif hard is not None and now > hard:
+                stopped_by = "wall"
+            if stopped_by:
                 _kill_group(proc)
                 break
-    if not timed_out:
+    if stopped_by is None:
         # The trial itself is done; compile workers it left behind must not outlive it.
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        proc.wait()
     phase = phase_path.read_text().strip() if phase_path.exists() else last_phase
     result = None
     if result_path.exists():
-        result = json.loads(result_path.read_text())
+        # A result written whole before the stop landed is the trial's: it had finished.
+        result, stopped_by = json.loads(result_path.read_text()), None
         # Whole results make the partial one redundant (it is read only after a timeout/crash).
         partial_path(result_path).unlink(missing_ok=True)
-    return result, proc.returncode, phase or "start", timed_out
+    return Spawned(result, proc.returncode, phase or "start", stopped_by, waited)
 
 
 def trial_env(trial_dir: Path, cache_dir: str | None) -> tuple[dict[str, str], Path | None]:
@@ -128,10 +164,13 @@ def run_trial(
     on_phase: Callable[[str], None] | None = None,
     gpu: int | None = None,
     host_lock: str | None = None,
+    wall_s: float | None = None,
 ) -> dict[str, Any]:
     """``gpu`` pins the trial to one device (CUDA_VISIBLE_DEVICES), for one trial per GPU;
     ``host_lock`` is the pool's lock file, on which the trial takes turns with the others
-    (host_lock.py)."""
+    (host_lock.py). ``timeout_s`` is the trial's own time, not counting its waits for the host;
+    ``wall_s``, if given, a limit on its wall time that counts them. A stopped trial's result
+    has ``stopped_by``: "own" or "wall"."""
     env, fresh_cache = trial_env(trial_dir, cache_dir)
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
@@ -139,16 +178,24 @@ def run_trial(
     if host_lock:
         env[HOST_LOCK_ENV] = host_lock
     t0 = time.perf_counter()
-    result, code, phase, timed_out = _spawn("trial", spec, trial_dir, timeout_s, env, on_phase)
+    run = _spawn("trial", spec, trial_dir, timeout_s, env, on_phase, wall_s)
+    result, code, phase = run.result, run.code, run.phase
     stderr = tail(trial_dir / "trial-stderr.txt")
     if fresh_cache is not None:
         shutil.rmtree(fresh_cache, ignore_errors=True)
     rounds = autotune_rounds(trial_dir / "trial-stderr.txt")
-    if timed_out:
-        why = f"no result after {timeout_s:.0f} s (during {phase})"
+    if run.stopped_by:
+        after = time.perf_counter() - t0
+        phase = phase.removesuffix(WAITING_SUFFIX)
+        why = f"no result after {after:.0f} s (during {phase}"
+        if run.host_wait_s >= 1.0:
+            why += f"; {run.host_wait_s:.0f} s of it waiting for the host"
+            why += ", which its own limit does not count" if run.stopped_by == "own" else ""
+        why += ")"
         if rounds:
             why += f"; by then {describe(rounds)}"
         result = _kept_measurement(trial_dir, _failure(spec, "timeout", why))
+        result["stopped_by"] = run.stopped_by
     elif result is None:
         if code is not None and code < 0:
             why = f"killed by {signal.Signals(-code).name} during {phase}"
@@ -202,8 +249,9 @@ def _kept_measurement(trial_dir: Path, failure: dict[str, Any]) -> dict[str, Any
 
 def preflight(spec: TrialSpec, work_dir: Path, timeout_s: float) -> dict[str, Any]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    result, code, phase, timed_out = _spawn("preflight", spec, work_dir, timeout_s, env, None)
-    if timed_out:
+    run = _spawn("preflight", spec, work_dir, timeout_s, env, None)
+    result, code = run.result, run.code
+    if run.stopped_by:
         return {
             "ok": False,
             "kind": "timeout",

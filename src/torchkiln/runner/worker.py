@@ -14,7 +14,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from torchkiln.runner.host_lock import HostLock
+from torchkiln.runner.host_lock import WAITING_SUFFIX, HostLock
 from torchkiln.runner.trial import TrialSpec, base_result
 
 
@@ -50,7 +50,7 @@ class Phases:
         self.seconds[self.current] = self.seconds.get(self.current, 0.0) + now - self.started
         if self.lock is not None:
             if self.path:
-                Path(self.path).write_text(f"{name} (waiting for the host)")
+                Path(self.path).write_text(f"{name}{WAITING_SUFFIX}")
             waited = self.lock.enter(name)
             self.seconds["host_wait"] = self.seconds.get("host_wait", 0.0) + waited
             now = time.perf_counter()
@@ -113,7 +113,12 @@ def main(argv: list[str]) -> int:
     mode, spec_path, result_path, phase_path = argv
     lock = HostLock.from_env() if mode == "trial" else None
     # Importing torch is work another trial's timed reps must not see: shared lock from here.
-    start_wait = lock.enter("start") if lock is not None else 0.0
+    # The parent reads the phase file, so it knows the trial's clock is not running meanwhile.
+    start_wait = 0.0
+    if lock is not None:
+        Path(phase_path).write_text(f"start{WAITING_SUFFIX}")
+        start_wait = lock.enter("start")
+        Path(phase_path).write_text("start")
     spec = TrialSpec.from_dict(json.loads(Path(spec_path).read_text()))
     if spec.threads:
         import torch

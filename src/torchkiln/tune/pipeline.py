@@ -129,10 +129,21 @@ def search_room(search_left_s: float) -> float:
     return search_left_s - TRIAL_STOP_S
 
 
-def search_cap(estimate_s: float, search_left_s: float) -> tuple[float, str]:
-    """A search trial's time limit and why: its own cap, or the search's room (search_room)."""
-    cap, room = trial_cap_s(estimate_s), max(1.0, search_room(search_left_s))
-    return (cap, CAP_NOTE) if cap <= room else (room, BUDGET_CAP_NOTE)
+def search_limits(estimate_s: float, search_left_s: float) -> tuple[float, float]:
+    """A search trial's two limits: its own cap (trial_cap_s; its waits for a turn on the host
+    do not count) and the wall time the search has room for (search_room), which they do."""
+    return trial_cap_s(estimate_s), max(1.0, search_room(search_left_s))
+
+
+def stop_note(stopped_by: str | None, own_s: float, wall_s: float, limit_s: float) -> str:
+    """Why a stopped trial was stopped where it was: its cap (CAP_NOTE), the search's share of
+    the budget (BUDGET_CAP_NOTE, when that is shorter than the whole budget left), or nothing
+    to add (the whole budget, which the report states)."""
+    if stopped_by == "own" and own_s < limit_s:
+        return CAP_NOTE
+    if stopped_by == "wall" and wall_s < limit_s:
+        return BUDGET_CAP_NOTE
+    return ""
 
 
 # Seconds kept after the last trial: a trial stopped at its limit may take 5 s to end politely
@@ -429,7 +440,7 @@ def tune(
     events.stage("baseline", "eager", left())
     results: list[dict[str, Any]] = []
 
-    caps: dict[str, tuple[float, str]] = {}  # trial id -> (its cap, why); search trials only
+    caps: dict[str, tuple[float, float]] = {}  # trial id -> search_limits; search trials only
 
     def run_one(
         spec: TrialSpec,
@@ -444,18 +455,20 @@ def tune(
             # runs whatever the budget (nothing can be tuned without it).
             limit = left() - FINAL_RESERVE_S
             limit = max(30.0, limit) if spec.index == 0 else max(1.0, limit)
-            cap, cap_why = caps.get(spec.id, (limit, ""))
-            capped = cap < limit
+            own, room = caps.get(spec.id, (limit, limit))
+            wall = min(limit, room)
             done = run_trial(
                 spec,
                 run.trial_dir(spec.id),
-                timeout_s=min(limit, cap),
+                timeout_s=own,
+                wall_s=wall,
                 gpu=gpu,
                 host_lock=host_lock,
                 on_phase=lambda ph: events.trial_phase(spec.variant, ph, left()),
             )
-            if capped and done.get("status") == "timeout":
-                done["reason"] = f"{done['reason']}; {cap_why}"
+            note = stop_note(done.get("stopped_by"), own, wall, limit)
+            if done.get("status") == "timeout" and note:
+                done["reason"] = f"{done['reason']}; {note}"
             run.save_result(spec.id, done)
         events.trial_done(done, left())
         return done
@@ -524,7 +537,7 @@ def tune(
         events.stage("search", ", ".join(c.spec for _, c in batch) + f" (of {len(plan)})", left())
         specs = [replace(base, variant=c.spec, index=i) for i, c in batch]
         for spec, (_, cand) in zip(specs, batch, strict=True):
-            caps[spec.id] = search_cap(estimate(cand), search_left())
+            caps[spec.id] = search_limits(estimate(cand), search_left())
         for (_, cand), r in zip(batch, run_batch(run_one, specs, slots), strict=True):
             results.append(r)
             estimate.learn(cand, r)

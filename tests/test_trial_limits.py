@@ -1,0 +1,80 @@
+"""A trial's two time limits (launch._spawn): its own, whose clock stops while the trial waits
+for its turn on the host, and the wall limit, which counts everything; and a trial that has
+written its result is never reported as stopped, however slowly its process exits.
+
+The worker here is a stand-in shell script (it is launched as `sys.executable -m
+torchkiln.runner.worker MODE SPEC RESULT PHASE`), so the limits are tested in seconds, not in a
+real trial's minutes."""
+
+from __future__ import annotations
+
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from torchkiln.runner import launch
+from torchkiln.runner.host_lock import WAITING_SUFFIX
+from torchkiln.runner.trial import TrialSpec
+
+# $6: the phase file, $5: the result file. WAIT_S seconds waiting for the host, WORK_S working,
+# then the result, then EXIT_S seconds before the process ends.
+FAKE_WORKER = """#!/usr/bin/env bash
+echo "measure{suffix}" > "$6"
+sleep "$WAIT_S"
+echo measure > "$6"
+sleep "$WORK_S"
+echo '{{"status": "ok", "reason": null}}' > "$5.tmp" && mv "$5.tmp" "$5"
+echo done > "$6"
+sleep "$EXIT_S"
+"""
+
+
+@pytest.fixture
+def fake_worker(tmp_path, monkeypatch):
+    script = tmp_path / "fake-worker.sh"
+    script.write_text(FAKE_WORKER.format(suffix=WAITING_SUFFIX))
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setattr(launch.sys, "executable", str(script))
+
+    def run(wait_s: float, work_s: float, exit_s: float = 0.0, **limits) -> tuple:
+        env = {"PATH": "/usr/bin:/bin", "WAIT_S": str(wait_s), "WORK_S": str(work_s),
+               "EXIT_S": str(exit_s)}  # fmt: skip
+        spec = TrialSpec(workload="simple", variant="eager", device="cpu")
+        t0 = time.monotonic()
+        out = launch._spawn("trial", spec, Path(tmp_path / "trial"), env=env, on_phase=None,
+                            **limits)  # fmt: skip
+        return out, time.monotonic() - t0
+
+    return run
+
+
+def test_waiting_for_the_host_does_not_count_against_the_trials_own_limit(fake_worker):
+    # 2.5 s waiting + 1 s working against a 2 s limit of its own: it finishes.
+    out, _ = fake_worker(2.5, 1.0, timeout_s=2.0)
+    assert out.stopped_by is None and out.result["status"] == "ok"
+    assert out.host_wait_s >= 2.0
+
+
+def test_working_past_its_own_limit_stops_the_trial(fake_worker):
+    out, took = fake_worker(0.0, 5.0, timeout_s=1.5)
+    assert out.stopped_by == "own" and out.result is None
+    assert took < 4.5  # stopped, not waited for
+
+
+def test_the_wall_limit_counts_the_waits(fake_worker):
+    out, _ = fake_worker(3.0, 0.5, timeout_s=2.0, wall_s=1.5)
+    assert out.stopped_by == "wall" and out.result is None
+    assert out.phase == f"measure{WAITING_SUFFIX}"
+
+
+def test_a_result_written_before_a_slow_exit_is_kept_and_the_exit_not_waited_for(
+    fake_worker, monkeypatch
+):
+    # Session 10: a trial finished (phase "done", its result written) while its process was
+    # still exiting when the search's share of the budget ended, and was reported as a timeout.
+    monkeypatch.setattr(launch, "EXIT_GRACE_S", 0.5)
+    out, took = fake_worker(0.0, 0.5, exit_s=30.0, timeout_s=20.0)
+    assert out.stopped_by is None and out.result == {"status": "ok", "reason": None}
+    assert took < 10.0
