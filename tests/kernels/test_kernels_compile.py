@@ -184,14 +184,14 @@ def test_block_configs_hold_16_values_per_thread():
     assert forward_config(8192, masked=True, itemsize=2) == (1, 8192, 8)
     assert forward_config(8192, masked=False, itemsize=2) == (1, 8192, 16)
     assert forward_config(12672, masked=True, itemsize=2) == (1, 16384, 16)
-    # Rows of 16385-32768 without a mask take the loop with per-chunk statistics instead (97% /
-    # 80% of the copy fp32 / bf16 against the block's 70% / 64% at 32768); the masked forward
-    # keeps the block, and rows past the cap the plain loop.
+    # Rows over 16384 elements without a mask take the loop with per-chunk statistics (97% / 80%
+    # of the copy fp32 / bf16 against the block's 70% / 64% at 32768; 74% / 72% against the
+    # plain loop's 60% / 51% at 65536); the masked forward keeps the block, then the plain loop.
     loop = _softmax.long_row_loop
     assert loop(32768, masked=False, itemsize=4) == loop(16385, False, 4) == (16384, 32)
-    assert loop(32768, masked=False, itemsize=2) == (8192, 16)
-    assert loop(16384, False, 4) is None and loop(40000, False, 4) is None
-    assert loop(32768, masked=True, itemsize=4) is None
+    assert loop(32768, masked=False, itemsize=2) == loop(65536, False, 2) == (8192, 16)
+    assert loop(65536, False, 4) == (16384, 32) and loop(16384, False, 4) is None
+    assert loop(32768, masked=True, itemsize=4) is None and loop(65536, True, 2) is None
     # The masked fp32 forward in 16384-element blocks runs under a 64-register cap (87% of the
     # copy against 73-84% uncapped); nothing else is capped.
     cap = _softmax.forward_maxnreg

@@ -72,12 +72,13 @@ def test_looped_forward_with_fewer_programs_than_rows_covers_every_row(interpret
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 def test_long_rows_take_the_chunk_statistics_loop_and_compute_softmax(interpreted, dtype):
-    # 20000 columns: the default path for rows of 16385-32768 without a mask (LONG_ROW_LOOP's
-    # 16384- or 8192-long chunks, the last one partial), checked against torch as every other
-    # path.
-    x = _randn((2, 20000), dtype)
-    y = interpreted("_softmax", "softmax_forward", x)
-    assert_close(y, softmax_ref(x), dtype, "20000 columns, chunk-statistics loop")
+    # Rows over 16384 columns without a mask take LONG_ROW_LOOP's 16384- or 8192-long chunks,
+    # the last one partial: 20000 fits the single block's cap, 40000 does not. Checked against
+    # torch as every other path.
+    for cols in (20000, 40000):
+        x = _randn((2, cols), dtype)
+        y = interpreted("_softmax", "softmax_forward", x)
+        assert_close(y, softmax_ref(x), dtype, f"{cols} columns, chunk-statistics loop")
 
 
 @pytest.mark.parametrize(

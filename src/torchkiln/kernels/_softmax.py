@@ -31,16 +31,16 @@ ROW_TILE_SHORT, ROW_TILE = 2048, 4096
 MASKED_WIDE_BLOCK_N = 16384
 
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
-# Rows longer than half the cap (so held in a 32768-element block) without a mask take the looped
-# kernel with per-chunk statistics and L2 hints instead, (chunk, warps) by element size. H200,
-# 4096 x 32768 (session 10, benchmarks/kernel_configs.py): fp32 97% of the copy ceiling at
+# Rows longer than half the cap (held in a 32768-element block, or past the cap) without a mask
+# take the looped kernel with per-chunk statistics and L2 hints, (chunk, warps) by element size.
+# H200 (session 10, benchmarks/kernel_configs.py), 4096 x 32768: fp32 97% of the copy ceiling at
 # 16384-element chunks and 32 warps (the 32-warp block 70%, session 9's hinted loop with per-lane
-# statistics 77%), bf16 80% at 8192 / 16 (block 64%). A 32-warp block is alone on its SM, so one
-# row is in flight per SM and its reductions stall the loads; the per-chunk statistics hold two
-# scalars where the per-lane loop held a running max and sum per element. fp16 takes bf16's
-# (same bytes; unmeasured). The masked forward keeps the block (77% / 62% fp32 / bf16 against
-# the loops' best 64% / 50%), and rows past the cap keep the per-lane loop (unmeasured there:
-# the bench stops at 32768).
+# statistics 77%), bf16 80% at 8192 / 16 (block 64%); 4096 x 65536: 74% / 72% against the plain
+# per-lane loop's 60% / 51%. A 32-warp block is alone on its SM, so one row is in flight per SM
+# and its reductions stall the loads; the per-chunk statistics hold two scalars where the
+# per-lane loop held a running max and sum per element. fp16 takes bf16's (same bytes;
+# unmeasured). The masked forward keeps the block up to the cap (77% / 62% fp32 / bf16 against
+# the loops' best 64% / 50%) and the plain loop past it (56% / 43%; the best arm 57% / 49%).
 LONG_ROW_LOOP = {4: (16384, 32), 2: (8192, 16)}
 # The masked fp32 forward in 16384-element blocks (rows of 8193-16384) at 16 warps and at most 64
 # registers a thread, so two programs share an SM (uncapped it took more than 64): H200, session
@@ -138,9 +138,9 @@ def _softmax_fwd_loop(
     # `loop_programs`; it did not help on the H200, sessions 8-9). L2_HINTS keeps the first
     # pass's reads in L2 (evict_last) and streams the second pass's reads and the stores
     # (evict_first, .cs) so the output does not push the input out: the default, with
-    # CHUNK_STATS, for rows of 16385-32768 without a mask (LONG_ROW_LOOP). Taking the second pass
-    # from the row's end instead (where the first pass's latest reads are) measured 70% against
-    # the hints' 80% (session 9): removed.
+    # CHUNK_STATS, for rows over 16384 elements without a mask (LONG_ROW_LOOP). Taking the
+    # second pass from the row's end instead (where the first pass's latest reads are) measured
+    # 70% against the hints' 80% (session 9): removed.
     for r in range(tl.program_id(0), M, tl.num_programs(0)):
         row = r + tl.full([], 0, tl.int64)  # int64 addressing (the interpreter gives an int)
         x_row = x_ptr + row * N
@@ -265,9 +265,8 @@ def forward_config(n_cols: int, masked: bool, itemsize: int) -> tuple[int, int, 
 
 def long_row_loop(n_cols: int, masked: bool, itemsize: int) -> tuple[int, int] | None:
     """(chunk, warps) of the looped forward with per-chunk statistics and L2 hints where rows of
-    `n_cols` take it although they would fit one block (LONG_ROW_LOOP: no mask, 16385-32768),
-    else None."""
-    if masked or not MAX_BLOCK_N // 2 < n_cols <= MAX_BLOCK_N:
+    `n_cols` take it (LONG_ROW_LOOP: no mask, over 16384 elements), else None."""
+    if masked or n_cols <= MAX_BLOCK_N // 2:
         return None
     return LONG_ROW_LOOP.get(itemsize, LONG_ROW_LOOP[2])
 
@@ -340,7 +339,7 @@ def softmax_forward(
     m, n = common[3], common[4]
     masked, itemsize = kind != MASK_NONE, x.element_size()
     long_loop = long_row_loop(n, masked, itemsize)
-    if long_loop is not None and n <= max_block_n:
+    if long_loop is not None:
         loop_block_n, loop_warps = long_loop
         loop_l2_hints, loop_chunk_stats = True, True
         max_block_n = MAX_BLOCK_N // 2  # into the loop below
