@@ -15,13 +15,15 @@ import triton.language as tl
 
 from torchkiln.kernels._launch import cdiv, launchable, next_power_of_2
 
-# A row up to this many elements is held in registers by one program: one read, one write. Longer
-# rows take the looped online-softmax kernel, which reads the row twice (the second read may be
-# served from L2; unmeasured, the benchmark stops at 32768). At 32768 elements and 32 warps a
+# A row up to this many elements can be held in registers by one program: one read, one write.
+# Longer rows take the looped online-softmax kernel, which reads the row twice (with the L2 hints
+# the second read is mostly served from L2: fp32 4096 x 65536 at 74% of the copy ceiling, where
+# three DRAM passes would cap it near 67%; session 10). At 32768 elements and 32 warps a
 # thread holds 32 values per tensor: the forward fits in 64 registers without spilling (ptxas -v,
 # sm_90); the masked forward and the backward spill 16-96 bytes per thread there.
 MAX_BLOCK_N = 32768
-# Chunk length of the looped kernels: 4096 elements over 8 warps = 16 per thread per step.
+# Chunk length of the looped kernels where LONG_ROW_LOOP does not apply (the masked forward past
+# the cap, the backward): 4096 elements over 8 warps = 16 per thread per step.
 LOOP_BLOCK_N = 4096
 # Elements one program handles when rows are short: several rows share a program, so a
 # 4096 x 256 softmax runs 512 programs of 8 rows rather than 4096 with idle lanes. 2048 below
@@ -330,8 +332,9 @@ def softmax_forward(
     kernel's chunk, warps, grid (`loop_programs` programs taking rows in turn; one per row
     when None), its cache hints (`loop_l2_hints`), per-chunk statistics (`loop_chunk_stats`) and
     register cap (`loop_maxnreg`, ptxas's .maxnreg: at 32 registers two 32-warp programs fit an
-    SM) are parameters so benchmarks/kernel_configs.py can time them; rows of 16385-32768
-    without a mask take the loop with per-chunk statistics and hints (LONG_ROW_LOOP).
+    SM) are parameters so benchmarks/kernel_configs.py can time them; rows over 16384 elements
+    without a mask take the loop with per-chunk statistics and hints (LONG_ROW_LOOP), whatever
+    those parameters say.
     """
     y, kind, common = forward_args(x, mask, scale)
     if x.numel() == 0:
