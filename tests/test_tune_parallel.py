@@ -78,8 +78,8 @@ def test_independent_candidates_run_at_once_one_per_gpu(tmp_path, monkeypatch):
     assert not any(
         a is not b and a["start"] < b["end"] and b["start"] < a["end"] for a in h2h for b in calls
     )
-    # Search trials side by side took turns on one lock file (one per batch); trials run alone
-    # had none.
+    # Search trials side by side took turns on one lock file (one for the search); trials run
+    # alone had none.
     assert all(c["host_lock"] for c in search)
     assert all(a["host_lock"] == b["host_lock"] for a, b in overlapping)
     assert all(c["host_lock"] is None for c in [*h2h, eager])

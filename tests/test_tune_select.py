@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from torchkiln.tune.api import parse_budget
@@ -132,24 +134,70 @@ def test_bad_budget_is_refused():
         parse_budget("soon")
 
 
-def test_independent_trials_run_at_once_one_per_gpu():
+def test_independent_trials_run_at_once_one_per_gpu_and_a_free_gpu_takes_the_next():
+    import threading
+    import time
+
+    from torchkiln.runner.executors import stream
+    from torchkiln.runner.trial import TrialSpec
+
+    started = threading.Barrier(2, timeout=10)  # the first two must run at the same time
+    seen, events = [], []
+    queue = ["slow", "fast"]
+
+    def next_trial():
+        return (
+            (queue[0], TrialSpec(workload="w", variant=queue.pop(0), device="cuda"))
+            if queue
+            else None
+        )
+
+    def fake_run_one(spec, gpu, host_lock=None):
+        if spec.variant in ("slow", "fast"):
+            started.wait()
+        events.append(("start", spec.variant, time.monotonic()))
+        time.sleep({"slow": 1.0, "fast": 0.1}.get(spec.variant, 0.1))
+        events.append(("end", spec.variant, time.monotonic()))
+        return {"variant": spec.variant, "gpu": gpu, "host_lock": host_lock}
+
+    def on_done(tag, result):
+        seen.append((tag, result["gpu"], result["host_lock"]))
+        if tag == "fast":  # a result can give the search more to run (a refinement)
+            queue.append("after-fast")
+
+    stream([0, 1], next_trial, fake_run_one, on_done)
+    assert sorted(t for t, _, _ in seen) == ["after-fast", "fast", "slow"]
+    assert {g for _, g, _ in seen} == {0, 1}
+    # The refinement started on the GPU "fast" freed while "slow" still ran.
+    at = {(kind, v): t for kind, v, t in events}
+    assert at[("start", "after-fast")] < at[("end", "slow")]
+    # All took turns on one lock file, removed afterwards.
+    locks = {lock for _, _, lock in seen}
+    assert len(locks) == 1 and not Path(locks.pop()).exists()
+
+
+def test_one_slot_runs_trials_in_this_thread_one_after_another():
     import threading
 
+    from torchkiln.runner.executors import stream
     from torchkiln.runner.trial import TrialSpec
-    from torchkiln.tune.pipeline import run_batch
 
-    started = threading.Barrier(2, timeout=10)  # both must be running at the same time
-    seen = []
+    queue, threads, order = ["a", "b"], [], []
 
-    def fake_run_one(spec, gpu, **share):
-        started.wait()
-        seen.append((spec.variant, gpu))
-        return {"variant": spec.variant, "gpu": gpu}
+    def next_trial():
+        return (
+            (queue[0], TrialSpec(workload="w", variant=queue.pop(0), device="cpu"))
+            if queue
+            else None
+        )
 
-    specs = [TrialSpec(workload="w", variant=v, device="cuda") for v in ("a", "b")]
-    out = run_batch(fake_run_one, specs, [0, 1])
-    assert [r["variant"] for r in out] == ["a", "b"]  # results in the order asked
-    assert sorted(seen) == [("a", 0), ("b", 1)]
+    def run_one(spec, gpu, **lock):
+        threads.append(threading.current_thread())
+        assert not lock  # nothing to take turns with
+        return {"variant": spec.variant}
+
+    stream([None], next_trial, run_one, lambda tag, r: order.append(tag))
+    assert order == ["a", "b"] and set(threads) == {threading.main_thread()}
 
 
 def test_estimates_learn_from_measured_compile_times():

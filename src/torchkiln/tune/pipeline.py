@@ -15,12 +15,19 @@ from torchkiln import __version__
 from torchkiln.errors import KilnUserError
 from torchkiln.measure.environment import collect as collect_environment
 from torchkiln.report.drift import baseline_drift
+from torchkiln.runner.executors import LocalExecutor, stream
 from torchkiln.runner.launch import preflight, run_trial
 from torchkiln.runner.rundir import RunDir
 from torchkiln.runner.trial import TrialSpec, base_result
 from torchkiln.runner.worker import write_json
 from torchkiln.tune import recommend
-from torchkiln.tune.search import Evidence, candidates, estimate_trial_s, refinements
+from torchkiln.tune.search import (
+    Candidate,
+    Evidence,
+    candidates,
+    estimate_trial_s,
+    refinements,
+)
 from torchkiln.tune.select import finalists, select
 from torchkiln.tune.select import leader as current_leader
 
@@ -247,16 +254,6 @@ def visible_gpus(device: str) -> list[int | None]:
     return list(found) if len(found) > 1 else [None]
 
 
-def run_batch(run_one: Any, specs: list[TrialSpec], slots: list[int | None]) -> list[dict]:
-    """Run up to len(slots) trials at once, each pinned to its own GPU; results in order."""
-    from torchkiln.runner.executors import LocalExecutor, PoolExecutor
-
-    if len(specs) < 2 or len(slots) < 2:
-        return LocalExecutor(slots[0]).run(specs, run_one)
-    # Side by side, the trials take turns on the host for their timed reps (host_lock.py).
-    return PoolExecutor(slots[: len(specs)]).run(specs, run_one)
-
-
 def run_in_process(spec: TrialSpec) -> dict[str, Any]:
     """A trial in this process (the fallback when the model cannot reach a trial process)."""
     from torchkiln.runner.measure_trial import measure_trial
@@ -355,7 +352,7 @@ def _head_to_head_stage(
     names = ", ".join(s.variant for s in specs)
     events.stage("head to head", f"{names} against {leader['variant']}", left())
     # One at a time: this comparison decides the pick, and its reps then wait on nothing.
-    return run_batch(run_one, specs, slots[:1])
+    return LocalExecutor(slots[0]).run(specs, run_one)
 
 
 def refine(
@@ -518,9 +515,9 @@ def tune(
             kept += head_to_head_reserve(results, budget_s, eager, set(allow_precision))
         return left() - kept
 
-    while pending:
-        batch = []
-        while pending and len(batch) < len(slots):
+    def next_trial() -> tuple[Candidate, TrialSpec] | None:
+        # The next candidate that fits what is left, when a GPU frees (executors.stream).
+        while pending:
             i, cand = pending.pop(0)
             need, room = estimate(cand), search_room(search_left())
             if need > room:
@@ -531,17 +528,22 @@ def tune(
                 stages["search"]["skipped"][cand.spec] = why
                 events.skipped(cand.spec, why)
                 continue
-            batch.append((i, cand))
-        if not batch:
-            break
-        events.stage("search", ", ".join(c.spec for _, c in batch) + f" (of {len(plan)})", left())
-        specs = [replace(base, variant=c.spec, index=i) for i, c in batch]
-        for spec, (_, cand) in zip(specs, batch, strict=True):
-            caps[spec.id] = search_limits(estimate(cand), search_left())
-        for (_, cand), r in zip(batch, run_batch(run_one, specs, slots), strict=True):
-            results.append(r)
-            estimate.learn(cand, r)
+            spec = replace(base, variant=cand.spec, index=i)
+            caps[spec.id] = search_limits(need, search_left())
+            events.stage("search", f"{cand.spec} (of {len(plan)})", left())
+            return cand, spec
+        return None
+
+    def trial_done(cand: Candidate, r: dict[str, Any]) -> None:
+        nonlocal next_index
+        results.append(r)
+        estimate.learn(cand, r)
         next_index = refine(results, eager, evidence, pending, stages["search"], next_index)
+
+    # Several GPUs: a trial starts whenever one frees, taking turns on the host (host_lock.py).
+    stream(slots, next_trial, run_one, trial_done)
+    # In plan order, as one GPU would have run them (they finish in any order side by side).
+    results[1:] = sorted(results[1:], key=lambda r: int(r["id"].split("-", 1)[0]))
     h2h = []
     if steps is None:
         h2h = _head_to_head_stage(
