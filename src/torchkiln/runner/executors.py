@@ -143,34 +143,23 @@ class PoolExecutor(TrialExecutor):
         return {"name": self.name, "slots": self.slots}
 
     def run(self, specs, run_one, *, on_start=None, on_result=None):
-        if len(self.slots) < 2:
-            return self._run(specs, run_one, None, on_start, on_result)
-        lock = host_lock_file()
-        try:
-            return self._run(specs, run_one, lock, on_start, on_result)
-        finally:
-            os.unlink(lock)
-
-    def _run(self, specs, run_one, lock, on_start, on_result):
         results: list[dict[str, Any] | None] = [None] * len(specs)
-        free = list(self.slots)
         queue = list(enumerate(specs))
-        running: dict[Future, tuple[int, int | None]] = {}
-        with ThreadPoolExecutor(max_workers=len(self.slots)) as pool:
-            while queue or running:
-                while queue and free:
-                    i, spec = queue.pop(0)
-                    slot = free.pop(0)
-                    if on_start:
-                        on_start(spec)
-                    running[pool.submit(_call, run_one, spec, slot, lock)] = (i, slot)
-                done, _ = wait(running, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    i, slot = running.pop(fut)
-                    free.append(slot)
-                    results[i] = fut.result()  # _call never raises
-                    if on_result:
-                        on_result(specs[i], results[i])
+
+        def next_trial() -> tuple[int, TrialSpec] | None:
+            if not queue:
+                return None
+            i, spec = queue.pop(0)
+            if on_start:
+                on_start(spec)
+            return i, spec
+
+        def done(i: int, result: dict[str, Any]) -> None:
+            results[i] = result
+            if on_result:
+                on_result(specs[i], result)
+
+        stream(self.slots, next_trial, run_one, done)
         return [r for r in results if r is not None]
 
 
