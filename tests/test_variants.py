@@ -128,3 +128,19 @@ def test_frozen_weights_ship_as_the_config_flag_with_the_mode_kept():
     assert 'torch.compile(model, mode="reduce-overhead")' in text
     assert "with torch.no_grad()" in text
     assert "freezing" not in code("inductor:mode=reduce-overhead+bf16", "infer", "cuda")
+
+
+def test_whole_step_code_takes_its_first_step_eagerly_before_compiling():
+    import ast
+
+    from torchkiln.tune.recommend import code
+
+    text = code("inductor:mode=reduce-overhead,dynamic=false,scope=step+bf16", "train", "cuda")
+    ast.parse(text)  # it is Python a user can paste
+    lines = text.splitlines()
+    eager = lines.index("train_step(x, y)")
+    compiled = next(i for i, s in enumerate(lines) if s.startswith("train_step = torch.compile("))
+    defined = lines.index("def train_step(x, y):")
+    assert defined < eager < compiled
+    assert 'mode="reduce-overhead"' in lines[compiled]
+    assert "optimizer.step()" in text and "torch.autocast" in text

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from torchkiln.runner.optim_state import CannotPrime, prime_optimizer_state, prime_reason
 from torchkiln.runner.settings import (
     autocast,
     call_model,
@@ -96,6 +97,20 @@ def _prepare_inputs(inputs: Any, device: str, fp64: bool, channels_last: bool) -
     return map_tensors(inputs, move)
 
 
+def _prime_for_step_scope(optimizer: Any, backend: Any, device: str) -> None:
+    """The optimizer's state made before the whole step is compiled (runner.optim_state says
+    why). Required under CUDA graphs; elsewhere it saves a recompile, and an optimizer that
+    cannot be primed is left to create its state inside the compiled step, as before."""
+    graphs = backend.name == "cudagraphs" or getattr(backend, "uses_cudagraphs", False)
+    if not device.startswith("cuda"):
+        graphs = False
+    why = prime_reason(optimizer)
+    if why is None:
+        prime_optimizer_state(optimizer)
+    elif graphs:
+        raise CannotPrime(f"scope=step under CUDA graphs needs the optimizer state first: {why}")
+
+
 def build_arm(
     spec: TrialSpec,
     variant: Variant,
@@ -171,6 +186,7 @@ def build_arm(
             return loss.detach()
 
         if backend.scope == "step":
+            _prime_for_step_scope(optimizer, backend, device)
             compiled_step = backend.wrap(train_step, compile_scope="step")
         else:
             compiled_model = backend.wrap(model, compile_scope="model")

@@ -90,6 +90,9 @@ def code(spec: str, step: str, device: str) -> str:
             "    optimizer.zero_grad(set_to_none=True)",
             "    return loss.detach()",
             "",
+            "# The first step eagerly: the optimizer makes its state (momentum buffers, moments)",
+            "# outside the compiled step, where CUDA graphs would overwrite it on the next replay.",
+            "train_step(x, y)",
             lines[-1],
         ]
     else:
