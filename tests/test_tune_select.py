@@ -446,6 +446,11 @@ def test_the_search_keeps_time_for_the_head_to_head_stage():
     # Both arms in one process that starts once: 69 + 45 - (4 + 10) (session 6's 62 + 41 s
     # arms, one start of about 14 s: its head-to-head took 73 s).
     assert head_to_head_cost(a, b) == pytest.approx(100.0)
+    # A search trial that waited for the host beside a neighbour: the head-to-head, alone after
+    # the search, does not wait (session 11: 42.8 s of a 199 s estimate).
+    phases = {**a["phase_s"], "host_wait": 40.0}
+    waited = {**a, "process_wall_s": 139.0, "wall_s": 135.0, "phase_s": phases}
+    assert head_to_head_cost(waited, b) == pytest.approx(100.0)
     slow = measured("slow", 9.0, 1.1, 149.0, 14.0, 32.0)  # slow to build, not a finalist
     failed = {**measured("d", 1.0, 9.0, 315.0, 10.0, 0.0), "status": "timeout"}
     runs = [eager, a, b, slow, failed]

@@ -165,8 +165,11 @@ H2H_RESERVE_SHARE = 0.25
 
 
 # Phases a head-to-head trial does not repeat: its arms' search trials checked correctness
-# and counted kernels.
-NOT_IN_H2H = ("correctness_compile", "correctness", "kernels")
+# and counted kernels, and waited for the host while a neighbour on the other GPU held it; the
+# head-to-head runs after the search, alone. Counting that wait cost session 11's bert-base
+# train tune on two H200s its head-to-head: 199 s estimated (42.8 s of it the leader's wait),
+# 160 s left, and 170 s of the budget went unused.
+NOT_IN_H2H = ("correctness_compile", "correctness", "kernels", "host_wait")
 
 
 def _h2h_arm_s(r: dict[str, Any]) -> float:
