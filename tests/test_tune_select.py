@@ -349,8 +349,15 @@ def test_refine_queues_one_refinement_of_the_leader_at_a_time_and_never_repeats_
     # Called again before it ran: not queued or recorded twice.
     nxt = refine(results, EAGER, ev, pending, search, next_index=nxt)
     assert [c.spec for _, c in pending] == [cl, "cudagraphs"] and nxt == 7
-    # It ran and did not lead: the leader's next refinement comes, with a new index.
+    # Started on one GPU, no result yet, when another GPU's trial ends: not queued again (two
+    # H200s ran one refinement twice, session 11); the leader's next one comes instead.
     pending.pop(0)
+    in_flight = [list(p) for p in pending]
+    refine(results, EAGER, ev, pending, search, next_index=nxt, running={cl})
+    assert cl not in [c.spec for _, c in pending]
+    assert [c.spec for _, c in pending] == [step, "cudagraphs"]
+    pending[:] = [tuple(p) for p in in_flight]  # (the rest of this test runs one GPU)
+    # It ran and did not lead: the leader's next refinement comes, with a new index.
     results.append(trial(cl, 2.6, (2.5, 2.7), 3.9, (3.8, 4.0), 30, precision="bf16"))
     nxt = refine(results, EAGER, ev, pending, search, next_index=nxt)
     assert [(i, c.spec) for i, c in pending] == [(7, step), (5, "cudagraphs")] and nxt == 8

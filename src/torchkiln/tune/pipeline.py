@@ -7,6 +7,7 @@ import importlib
 import importlib.util
 import shutil
 import time
+from collections.abc import Collection
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -365,20 +366,24 @@ def refine(
     pending: list[tuple[int, Any]],
     search: dict[str, Any],
     next_index: int,
+    running: Collection[str] = (),
 ) -> int:
     """Put the current leader's next untried refinement (search.refinements, cheapest first) at
     the front of the plan: one at a time, so that once a refinement takes the lead the old
     leader's other refinements are not run on top of it. One already planned moves up; one
-    already measured or skipped is not repeated. Nothing is refined while a primary candidate
-    (default or reduce-overhead at the lead precision) waits: refining the first mode measured
-    delayed session 5's resnet50 reduce-overhead+bf16, the eventual pick, by two trials.
+    already measured, skipped or `running` (started on another GPU, no result yet) is not
+    repeated: two H200s in session 11 ran resnet50's whole-step refinement twice, queued
+    again while its first trial ran, and reported a tie of the variant with itself. Nothing
+    is refined while a primary candidate (default or reduce-overhead at the lead precision)
+    waits: refining the first mode measured delayed session 5's resnet50 reduce-overhead+bf16,
+    the eventual pick, by two trials.
     Returns the next free trial index."""
     if any(c.primary for _, c in pending):
         return next_index
     lead = current_leader(results, eager, evidence.allow_precision)
     if lead is None:
         return next_index
-    done = {r["variant"] for r in results} | set(search["skipped"])
+    done = {r["variant"] for r in results} | set(search["skipped"]) | set(running)
     todo = [c for c in refinements(lead["variant"], evidence) if c.spec not in done]
     if not todo:
         return next_index
@@ -511,6 +516,7 @@ def tune(
     pending = list(enumerate(plan, start=1))
     stages["search"]["refined"] = []
     next_index = len(plan) + 1
+    running: set[str] = set()  # started, no result yet
 
     def search_left() -> float:
         kept = FINAL_RESERVE_S
@@ -533,6 +539,7 @@ def tune(
                 continue
             spec = replace(base, variant=cand.spec, index=i)
             caps[spec.id] = search_limits(need, search_left())
+            running.add(cand.spec)
             events.stage("search", f"{cand.spec} (of {len(plan)})", left())
             return cand, spec
         return None
@@ -540,8 +547,11 @@ def tune(
     def trial_done(cand: Candidate, r: dict[str, Any]) -> None:
         nonlocal next_index
         results.append(r)
+        running.discard(cand.spec)
         estimate.learn(cand, r)
-        next_index = refine(results, eager, evidence, pending, stages["search"], next_index)
+        next_index = refine(
+            results, eager, evidence, pending, stages["search"], next_index, running
+        )
 
     # Several GPUs: a trial starts whenever one frees, taking turns on the host (host_lock.py).
     stream(slots, next_trial, run_one, trial_done)
