@@ -55,6 +55,9 @@ BLOCK_CAPPED = ((16, 64), (32, 32))
 # 12672 read 83% of the copy ceiling against fp32's 95% (session 10): a 16384-element block at
 # 32 warps holds 16 values a thread, 32 bytes of bf16 (64 of fp32) in flight, and 23% of the
 # lanes are past a 12672-element row. Two rows a program double the bytes each thread loads.
+# Measured (kiln 63b304d, benchmarks/results/kernels-h200/session11/configs/): lost in all eight
+# cases, bf16 12672 66% against the one-row block's 81%, fp32 16384 86% against 94%, masked
+# bf16 16384 55% against 78%. Kept as arms so another GPU can re-check; not a default.
 ROW_PAIRS = ((2, 32), (2, 16))
 LOOP_CONFIGS = ((2048, 4), (4096, 8), (4096, 16), (8192, 8), (8192, 16))
 # The looped kernel with fewer programs than rows, each taking rows in turn: so many programs per
