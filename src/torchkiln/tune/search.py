@@ -131,8 +131,8 @@ def candidates(ev: Evidence) -> list[Candidate]:
             # Never fullgraph: the step calls loss.backward(), which Dynamo does not trace by
             # default ("Unsupported Tensor.backward() call"), so fullgraph=true always fails.
             # Under CUDA graphs the whole step is a refinement of a reduce-overhead leader
-            # (it gains what compiling the optimizer saves: bert-base train bf16, H200,
-            # session 11: 5.68 ms against 6.09), not a candidate of its own.
+            # (it gains what compiling the optimizer saves: 3-5% on the H200 for resnet50 and
+            # bert-base training at bf16, session 11), not a candidate of its own.
             add_both(
                 _with(spec, scope="step", fullgraph="false"),
                 why + ", whole step with the optimizer compiled",
