@@ -65,3 +65,21 @@ def test_optimizers_that_would_step_differently_are_refused_with_the_reason():
     with pytest.raises(CannotPrime, match="Adagrad: kiln creates the optimizer state ahead only"):
         prime_optimizer_state(adagrad)
     assert not any(damped.state.values())  # nothing was stepped
+
+
+def test_the_whole_step_under_cuda_graphs_refuses_an_optimizer_it_cannot_prime():
+    from torchkiln.runner.executable import _prime_for_step_scope
+    from torchkiln.variants import parse_variant
+
+    graphs = parse_variant("inductor:mode=reduce-overhead,scope=step").backend
+    plain = parse_variant("inductor:scope=step").backend
+    model = _model()
+    adagrad = torch.optim.Adagrad(model.parameters(), lr=0.1)
+    with pytest.raises(CannotPrime, match="scope=step under CUDA graphs needs the optimizer"):
+        _prime_for_step_scope(adagrad, graphs, "cuda")
+    # Without CUDA graphs (or off CUDA) it is left to make its state inside the step, as before.
+    _prime_for_step_scope(adagrad, plain, "cuda")
+    _prime_for_step_scope(adagrad, graphs, "cpu")
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    _prime_for_step_scope(sgd, graphs, "cuda")  # only a device string: nothing runs on a GPU
+    assert all("momentum_buffer" in sgd.state[p] for p in model.parameters())
