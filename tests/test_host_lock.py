@@ -111,3 +111,32 @@ def test_a_pooled_trial_records_its_wait_for_the_host(tmp_path):
     assert result["phase_s"]["host_wait"] >= 0.0  # the worker took turns through the file
     alone = run_trial(spec, tmp_path / "u", timeout_s=120)
     assert "host_wait" not in alone["phase_s"]
+
+
+def test_a_trial_waiting_for_its_timed_turn_waits_for_one_phase_not_all(tmp_path):
+    # A works through three shared phases; B asks for its timed turn during A's first. B
+    # measures as soon as that phase ends and A's next phase waits for B's reps: without the
+    # turnstile A held the host through all three (2.2 s) and B waited for every one.
+    lock = tmp_path / "host.lock"
+    a = _start(lock, {"delay": 0.0, "phases": [["first_call", 1.0], ["warmup", 1.0],
+                                                ["correctness", 0.2]]})  # fmt: skip
+    b = _start(lock, {"delay": 0.3, "phases": [["measure", 0.4]]})
+    out_a, out_b = (json.loads(p.communicate(timeout=60)[0]) for p in (a, b))
+    spans_a = {name: (t0, t1) for name, t0, t1 in out_a["spans"]}
+    (_, m0, m1), = out_b["spans"]  # fmt: skip
+    assert spans_a["first_call"][1] <= m0  # still never beside A's work
+    assert m1 <= spans_a["warmup"][0]  # A's next phase waited for B's reps
+    assert out_b["host_wait"] < 1.6  # the rest of A's first phase, not A's 2.2 s of work
+    assert out_a["host_wait"] >= 0.3  # A waited out B's reps
+
+
+def test_the_pool_removes_its_lock_file_and_turnstile(tmp_path):
+    from torchkiln.runner.host_lock import TURNSTILE_SUFFIX, remove_lock_files
+
+    path = str(tmp_path / "host.lock")
+    lock = HostLock(path)
+    lock.enter("build")
+    lock.close()
+    assert os.path.exists(path + TURNSTILE_SUFFIX)
+    remove_lock_files(path)
+    assert not os.path.exists(path) and not os.path.exists(path + TURNSTILE_SUFFIX)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchkiln.errors import KilnUserError, MissingExtraError, require
+from torchkiln.runner.host_lock import remove_lock_files
 from torchkiln.runner.trial import TrialSpec, base_result
 
 # run_one(spec, gpu) or, from a pool of several slots, run_one(spec, gpu, host_lock=PATH).
@@ -165,7 +166,7 @@ class PoolExecutor(TrialExecutor):
 
 def host_lock_file() -> str:
     """A fresh lock file for trials taking turns on this host (host_lock.py); the caller
-    removes it."""
+    removes it and its turnstile (host_lock.remove_lock_files)."""
     fd, path = tempfile.mkstemp(prefix="kiln-host-", suffix=".lock")
     os.close(fd)
     return path
@@ -206,7 +207,7 @@ def stream(
                     free.append(slot)
                     on_done(tag, fut.result())  # _call never raises
     finally:
-        os.unlink(lock)
+        remove_lock_files(lock)
 
 
 def _ray_trial(run_one: RunOne, spec: TrialSpec) -> dict[str, Any]:

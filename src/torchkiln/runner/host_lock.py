@@ -5,7 +5,14 @@ compile keeps every core busy for tens of seconds, so the pool takes turns: ever
 holds a shared lock on one file while it is busy (importing, building, compiling, checking)
 and an exclusive one while it times its reps. Reps are never taken while another trial works,
 and compiles still overlap each other. A trial holds at most one lock at a time and releases it
-between phases, so no two trials can wait on each other. Time spent waiting is its own phase
+between phases, so no two trials can wait on each other. Every lock is taken through a second
+file, the turnstile, which a trial waiting for its timed turn holds: a neighbour finishing a
+phase then waits for that turn instead of starting its next phase, so the wait is for the
+neighbour's current phase, not for all of its work. (Until session 11 a trial kept its shared
+lock from one shared phase to the next, so a trial waiting for its timed turn waited for all of
+its neighbour's build, compile, warm-up and checks; on two H200s a bert-base whole-step trial
+spent 99 s of its 205 s waiting and was stopped by the search's share of the budget.)
+Time spent waiting is its own phase
 (`host_wait` in the trial's `phase_s`), never part of the phase that follows: a compile's
 measured time does not include a wait for the lock, nor does the trial's time limit count it
 (WAITING_SUFFIX). (On two H200s, session 9, a host-bound
@@ -20,6 +27,8 @@ import os
 import time
 
 HOST_LOCK_ENV = "KILN_HOST_LOCK"
+# The turnstile beside the lock file: path + this suffix.
+TURNSTILE_SUFFIX = ".turn"
 # Appended to the phase a trial writes for its parent while it waits for its turn: the parent's
 # clock for the trial's own time limit stops meanwhile (launch._spawn). Session 10, bert-base
 # training on two H200s: a regional-compile trial waited ~60 s for its neighbour's whole-step
@@ -48,6 +57,7 @@ class HostLock:
     def __init__(self, path: str) -> None:
         self.path = path
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.turn_fd = os.open(path + TURNSTILE_SUFFIX, os.O_RDWR | os.O_CREAT, 0o644)
         self.mode: int | None = None
 
     @classmethod
@@ -57,18 +67,33 @@ class HostLock:
 
     def enter(self, phase: str) -> float:
         mode = lock_mode(phase)
-        if mode == self.mode:
-            return 0.0
+        if mode == self.mode and mode != fcntl.LOCK_SH:
+            return 0.0  # one timed phase to the next (or done to done): the turn is kept
         if self.mode is not None:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             self.mode = None
         if mode is None:
             return 0.0
         t0 = time.perf_counter()
-        fcntl.flock(self.fd, mode)
+        # Through the turnstile: held while this trial waits, so that, when it waits for its
+        # timed turn, no neighbour starts another phase meanwhile. Nothing waits on the
+        # turnstile while holding the lock file, so no two trials wait on each other.
+        fcntl.flock(self.turn_fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self.fd, mode)
+        finally:
+            fcntl.flock(self.turn_fd, fcntl.LOCK_UN)
         self.mode = mode
         return time.perf_counter() - t0
 
     def close(self) -> None:
         os.close(self.fd)  # closing the descriptor drops any lock it holds
+        os.close(self.turn_fd)
         self.mode = None
+
+
+def remove_lock_files(path: str) -> None:
+    """Remove the pool's lock file and its turnstile (the pool's own cleanup)."""
+    for p in (path, path + TURNSTILE_SUFFIX):
+        if os.path.exists(p):
+            os.unlink(p)
