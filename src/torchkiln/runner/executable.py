@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from torchkiln.runner.optim_state import CannotPrime, prime_optimizer_state, prime_reason
+from torchkiln.runner.optim_state import CannotPrime, prime_optimizer_state
 from torchkiln.runner.settings import (
     autocast,
     call_model,
@@ -102,13 +102,13 @@ def _prime_for_step_scope(optimizer: Any, backend: Any, device: str) -> None:
     why). Required under CUDA graphs; elsewhere it saves a recompile, and an optimizer that
     cannot be primed is left to create its state inside the compiled step, as before."""
     graphs = backend.name == "cudagraphs" or getattr(backend, "uses_cudagraphs", False)
-    if not device.startswith("cuda"):
-        graphs = False
-    why = prime_reason(optimizer)
-    if why is None:
+    try:
         prime_optimizer_state(optimizer)
-    elif graphs:
-        raise CannotPrime(f"scope=step under CUDA graphs needs the optimizer state first: {why}")
+    except CannotPrime as exc:
+        if graphs and device.startswith("cuda"):
+            raise CannotPrime(
+                f"scope=step under CUDA graphs needs the optimizer state first: {exc}"
+            ) from exc
 
 
 def build_arm(
