@@ -59,6 +59,25 @@ BLOCK_CAPPED = ((16, 64), (32, 32))
 # cases, bf16 12672 66% against the one-row block's 81%, fp32 16384 86% against 94%, masked
 # bf16 16384 55% against 78%. Kept as arms so another GPU can re-check; not a default.
 ROW_PAIRS = ((2, 32), (2, 16))
+# Session 12: the single block made persistent (_softmax_fwd_rows): a few programs per SM take
+# rows in turn, and with STAGES > 1 Triton's pipeliner loads the next row (cp.async into shared
+# memory) while this one is reduced and stored, so loads stay in flight through the reductions.
+# (warps, programs per SM, stages); STAGES 1 is the same loop without the pipeliner.
+# Measured on the H200 (benchmarks/results/kernels-h200/session12/configs/), % of the copy
+# ceiling: the persistent loop won at 32768 (bf16 softmax 89% at w16 2/SM s3 against the
+# chunk-statistics loop's 80% in session 10; masked fp32 83% and bf16 66% at w32 1/SM s1 against
+# the block's 77% and 62%) and lost or tied below 32768 (masked bf16 12672: 42-68% against the
+# block's 69%). Those became the defaults for rows of 16385-32768 (_softmax.ROWS_LOOP).
+# Also tried in session 12 and dropped: mask columns written in runs of one 16-byte load of x
+# (`(c // v) * v + c % v`), so that a bool mask's loads took x's layout and the row was no longer
+# converted through shared memory before the store (TTGIR, sm_90). It removed the conversion and
+# lost 29 of 40 block comparisons (10 masked cases x 4 warp counts; the best block arm of every
+# case kept the old addressing; masked fp32 16384 w16: 68% against 84%): its mask loads took 4
+# bytes a thread (fp32) where the converted layout's took 16.
+ROWS_PIPELINED = (
+    (8, 2, 2), (8, 4, 2), (16, 1, 1), (16, 1, 2), (16, 2, 2), (16, 2, 3),
+    (32, 1, 1), (32, 1, 2), (32, 1, 3), (32, 2, 2),
+)  # fmt: skip
 LOOP_CONFIGS = ((2048, 4), (4096, 8), (4096, 16), (8192, 8), (8192, 16))
 # The looped kernel with fewer programs than rows, each taking rows in turn: so many programs per
 # SM, (chunk, warps). One program per row put ~8 rows per SM in flight (1056 x 128 KB at fp32
@@ -169,7 +188,7 @@ def _arms(
                                           maxnreg=r)  # fmt: skip
 
         arms.append((f"block w{warps} r{maxnreg}", capped_block))
-    for rows, warps in ROW_PAIRS:
+    for rows, warps in ROW_PAIRS if measured else ():
         if block_n // (32 * warps) < 1 or block_n > 16384:
             continue
 
@@ -178,13 +197,23 @@ def _arms(
                                                    num_warps=w)  # fmt: skip
 
         arms.append((f"block {rows} rows w{warps}", pair))
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    for warps, per_sm, stages in ROWS_PIPELINED:
+        # At most 64 values a thread: more spills (ptxas, sm_90).
+        if not 1 <= block_n // (32 * warps) <= 64 or block_n > ks.MAX_BLOCK_N:
+            continue
+
+        def rows_pipelined(w: int = warps, g: int = min(ROWS, per_sm * sms), s: int = stages,
+                           bn: int = block_n) -> None:  # fmt: skip
+            ks._softmax_fwd_rows[(g,)](*args, **kw, BLOCK_N=bn, STAGES=s, num_warps=w)
+
+        arms.append((f"rows w{warps} {per_sm}/SM s{stages}", rows_pipelined))
     for chunk, warps in LOOP_CONFIGS if loops and measured else ():
 
         def loop(c: int = chunk, w: int = warps) -> None:
             ks._softmax_fwd_loop[(ROWS,)](*args, **kw, BLOCK_N=c, num_warps=w)
 
         arms.append((f"loop {chunk}/w{warps}", loop))
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
     for per_sm, chunk, warps in PERSISTENT if loops and measured else ():
 
         def persistent(c: int = chunk, w: int = warps, g: int = per_sm * sms) -> None:
@@ -354,8 +383,8 @@ def main(argv: list[str] | None = None) -> int:
         help="bias_act_scale's backward launches (BIAS_BWD_ARMS), before the rows",
     )
     p.add_argument("--skip-measured", action="store_true",
-                   help="leave out the looped arms sessions 7-9 measured below the defaults "
-                        "(LOOP_CONFIGS, PERSISTENT)")  # fmt: skip
+                   help="leave out the arms sessions 7-11 measured below the defaults "
+                        "(LOOP_CONFIGS, PERSISTENT, ROW_PAIRS)")  # fmt: skip
     args = p.parse_args(argv)
 
     import torch

@@ -34,6 +34,9 @@ def assert_close(got, ref, dtype, what, atol=0.0):
 # Row-length cap that sends 781- and 129-long rows through the looped online-softmax kernels in
 # chunks of 128, with a partial last chunk.
 LOOPED = 128
+# The persistent rows kernel at any row length: on the CPU its grid is two programs a "SM" over
+# two, so every program takes several rows in turn (_softmax._device), pipelined in 2 stages.
+ROWS = {"rows_config": (4, 1, 2)}
 
 
 def _randn(shape, dtype, seed=0):
@@ -41,15 +44,17 @@ def _randn(shape, dtype, seed=0):
     return (torch.randn(shape, generator=gen) * 3).to(dtype)
 
 
-@pytest.mark.parametrize("path", ["block", "looped"])
+@pytest.mark.parametrize("path", ["block", "looped", "rows"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_softmax_kernels_match_reference(interpreted, shape, dtype, path):
-    cap = {} if path == "block" else {"max_block_n": LOOPED}
+    cap = {"block": {}, "looped": {"max_block_n": LOOPED}, "rows": ROWS}[path]
     x = _randn(shape, dtype)
     y = interpreted("_softmax", "softmax_forward", x, **cap)
     assert y.dtype == dtype
-    assert_close(y, softmax_ref(x), dtype, "softmax forward")
+    assert_close(y, softmax_ref(x), dtype, f"softmax forward ({path})")
+    if path == "rows":
+        return  # a forward kernel only; the backward's block and loop are covered above
     dy = _randn(shape, dtype, seed=1)
     dx = interpreted("_softmax", "softmax_backward", y, dy, 0.5, **cap)
     assert_close(dx, softmax_backward_ref(y, dy, 0.5), dtype, "softmax backward")
@@ -71,14 +76,21 @@ def test_looped_forward_with_fewer_programs_than_rows_covers_every_row(interpret
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
-def test_long_rows_take_the_chunk_statistics_loop_and_compute_softmax(interpreted, dtype):
+def test_long_rows_take_their_kernels_and_compute_softmax(interpreted, dtype):
     # Rows over 16384 columns without a mask take LONG_ROW_LOOP's 16384- or 8192-long chunks,
-    # the last one partial: 20000 fits the single block's cap, 40000 does not. Checked against
-    # torch as every other path.
+    # the last one partial, except bf16 rows of up to 32768, which take the persistent rows
+    # kernel (ROWS_LOOP); masked rows of 20000 take the rows kernel at both dtypes. Checked
+    # against torch as every other path.
     for cols in (20000, 40000):
-        x = _randn((2, cols), dtype)
+        x = _randn((1, 1, 3, cols), dtype)
         y = interpreted("_softmax", "softmax_forward", x)
-        assert_close(y, softmax_ref(x), dtype, f"{cols} columns, chunk-statistics loop")
+        assert_close(y, softmax_ref(x), dtype, f"{cols} columns")
+    mask = torch.ones(1, 1, 3, 20000, dtype=torch.bool)
+    mask[0, 0, 1] = False
+    mask[0, 0, 2, 7:] = False
+    y = interpreted("_softmax", "softmax_forward", x[..., :20000].contiguous(), mask, 0.5, True)
+    assert_close(y, masked_softmax_ref(x[..., :20000], mask, 0.5), dtype, "masked, 20000")
+    assert torch.equal(y[0, 0, 1], torch.zeros(20000, dtype=dtype))
 
 
 @pytest.mark.parametrize(
@@ -109,7 +121,7 @@ def test_looped_forward_variants_compute_the_same_softmax(interpreted, kw):
 def test_softmax_kernel_row_of_neg_inf_is_nan_like_torch(interpreted):
     x = torch.zeros(3, 40)
     x[1] = float("-inf")
-    for cap in ({}, {"max_block_n": 16}, {"max_block_n": 16, "loop_chunk_stats": True}):
+    for cap in ({}, {"max_block_n": 16}, {"max_block_n": 16, "loop_chunk_stats": True}, ROWS):
         y = interpreted("_softmax", "softmax_forward", x, **cap)
         assert torch.isnan(y[1]).all()
         torch.testing.assert_close(y[[0, 2]], torch.full((2, 40), 1 / 40))
@@ -128,7 +140,7 @@ def test_masked_softmax_kernel_matches_reference(interpreted, kind, dtype):
     ref = masked_softmax_ref(scores, mask, 0.125)
     # The op passes the mask as given (the launcher addresses it through broadcast strides);
     # an expanded view, as benchmarks pass, must read the same.
-    for cap, m in (({}, mask), ({"max_block_n": 64}, mask), ({}, m4)):
+    for cap, m in (({}, mask), ({"max_block_n": 64}, mask), ({}, m4), (ROWS, mask)):
         y = interpreted("_softmax", "softmax_forward", scores, m, 0.125, safe=True, **cap)
         assert not torch.isnan(y).any(), "a fully masked row gave NaN"
         assert_close(y, ref, dtype, f"masked softmax ({kind}, {cap or 'single block'})")
@@ -138,7 +150,7 @@ def test_masked_softmax_kernel_fully_masked_rows_are_zero(interpreted):
     scores = torch.randn(2, 2, 3, 50)
     mask = torch.ones(2, 1, 3, 50, dtype=torch.bool)
     mask[1, 0, 2] = False
-    for cap in ({}, {"max_block_n": 16}):
+    for cap in ({}, {"max_block_n": 16}, ROWS):
         y = interpreted("_softmax", "softmax_forward", scores, mask, 1.0, safe=True, **cap)
         assert torch.equal(y[1, :, 2], torch.zeros(2, 50))
         torch.testing.assert_close(y.sum(-1)[0], torch.ones(2, 3))

@@ -9,6 +9,8 @@ Everything is computed in fp32 and rounded once, on store, to the input dtype.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -44,6 +46,13 @@ MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
 # unmeasured). The masked forward keeps the block up to the cap (77% / 62% fp32 / bf16 against
 # the loops' best 64% / 50%) and the plain loop past it (56% / 43%; the best arm 57% / 49%).
 LONG_ROW_LOOP = {4: (16384, 32), 2: (8192, 16)}
+# Rows of 16385-32768 elements (a 32768-element block) that the persistent rows kernel takes,
+# (masked, element size) -> (warps, programs per SM, pipeline stages). H200, session 12
+# (benchmarks/kernel_configs.py, 4096 x 32768, % of the copy ceiling): bf16 softmax 89% at
+# 16 warps, 2 programs an SM, 3 stages (the chunk-statistics loop 80%, the block 64%); masked fp32
+# 83% and bf16 66% at 32 warps, one program an SM, no pipelining (the block 77% / 62%). fp32
+# without a mask keeps the chunk-statistics loop (97%; rows 92%). fp16 takes bf16's (unmeasured).
+ROWS_LOOP = {(False, 2): (16, 2, 3), (True, 4): (32, 1, 1), (True, 2): (32, 1, 1)}
 # The masked fp32 forward in 16384-element blocks (rows of 8193-16384) at 16 warps and at most 64
 # registers a thread, so two programs share an SM (uncapped it took more than 64): H200, session
 # 10, 87% of the copy ceiling at 4096 x 12672 and 4096 x 16384 against 73% and 84% uncapped.
@@ -126,6 +135,30 @@ def _softmax_fwd_block(
     inv = _inverse(tl.sum(e, axis=1), SAFE)
     y = (e * inv[:, None]).to(y_ptr.dtype.element_ty)
     tl.store(y_ptr + row_start + cols[None, :], y, mask=inb)
+
+
+@triton.jit
+def _softmax_fwd_rows(
+    x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale,
+    MASK_KIND: tl.constexpr, SAFE: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
+):  # fmt: skip
+    # The single block made persistent: a grid of a few programs per SM, each taking rows
+    # pid, pid + G, ... and, with STAGES > 1, Triton's software pipeliner loading the next rows
+    # (cp.async, into shared memory) while this one is reduced and stored. The one-row block
+    # has nothing in flight while it reduces, and a 32768-element row takes one 32-warp
+    # program, alone on its SM. Where it is used and why: ROWS_LOOP.
+    scale = tl.cast(scale, tl.float32)  # Inductor passes Python floats as fp64 (H200 run)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    for r in tl.range(tl.program_id(0), M, tl.num_programs(0), num_stages=STAGES):
+        row = r + tl.full([], 0, tl.int64)  # int64 addressing (the interpreter gives an int)
+        m_row = m_ptr + _mask_row_offset(row, H, Q, smb, smh, smq)
+        m_ptrs = m_row + cols * smk
+        z = _scores(x_ptr + row * N + cols, m_ptrs, col_ok, col_ok, scale, MASK_KIND)
+        row_max = _finite(tl.max(z, axis=0))
+        e = tl.exp(z - row_max)
+        inv = _inverse(tl.sum(e, axis=0), SAFE)
+        tl.store(y_ptr + row * N + cols, (e * inv).to(y_ptr.dtype.element_ty), mask=col_ok)
 
 
 @triton.jit
@@ -273,6 +306,26 @@ def long_row_loop(n_cols: int, masked: bool, itemsize: int) -> tuple[int, int] |
     return LONG_ROW_LOOP.get(itemsize, LONG_ROW_LOOP[2])
 
 
+def rows_loop(n_cols: int, masked: bool, itemsize: int) -> tuple[int, int, int] | None:
+    """(warps, programs per SM, stages) of the persistent rows kernel where rows of `n_cols` take
+    it (ROWS_LOOP: rows held in a 32768-element block), else None."""
+    if not MAX_BLOCK_N // 2 < n_cols <= MAX_BLOCK_N:
+        return None
+    return ROWS_LOOP.get((masked, itemsize))
+
+
+def _device(x: torch.Tensor) -> tuple[int, int]:
+    """(SMs, compute capability major) of x's GPU; on the CPU (Triton's interpreter, in tests)
+    two programs' worth of SMs and Hopper's major, so the tests take the H200's paths."""
+    return _cuda_device(x.device) if x.is_cuda else (2, 9)
+
+
+@functools.cache
+def _cuda_device(device: torch.device) -> tuple[int, int]:
+    props = torch.cuda.get_device_properties(device)
+    return props.multi_processor_count, props.major
+
+
 def forward_maxnreg(n_cols: int, masked: bool, itemsize: int) -> int | None:
     """ptxas's register cap for the single-block forward over rows of `n_cols`, or None:
     MASKED_FP32_WIDE_MAXNREG for the masked fp32 forward in 16384-element blocks on NVIDIA GPUs."""
@@ -323,6 +376,7 @@ def softmax_forward(
     loop_l2_hints: bool = False,
     loop_chunk_stats: bool = False,
     loop_maxnreg: int | None = None,
+    rows_config: tuple[int, int, int] | None = None,
 ) -> torch.Tensor:
     """softmax(scale * x + mask) over the last dim of a contiguous `x`.
 
@@ -334,13 +388,30 @@ def softmax_forward(
     register cap (`loop_maxnreg`, ptxas's .maxnreg: at 32 registers two 32-warp programs fit an
     SM) are parameters so benchmarks/kernel_configs.py can time them; rows over 16384 elements
     without a mask take the loop with per-chunk statistics and hints (LONG_ROW_LOOP), whatever
-    those parameters say.
+    those parameters say, and rows of 16385-32768 the persistent rows kernel where ROWS_LOOP
+    has their kind; `rows_config` (warps, programs per SM, stages) sends rows of any length
+    there (tests, benchmarks).
     """
     y, kind, common = forward_args(x, mask, scale)
     if x.numel() == 0:
         return y
     m, n = common[3], common[4]
     masked, itemsize = kind != MASK_NONE, x.element_size()
+    if rows_config is None and max_block_n == MAX_BLOCK_N:
+        rows_config = rows_loop(n, masked, itemsize)
+        # ROWS_LOOP was measured on an H200 only, and its 3-stage pipeline takes 128 KB of shared
+        # memory a program, more than sm_86 / sm_89 GPUs have (100 KB): before Hopper the
+        # earlier kernels stay.
+        if rows_config is not None and _device(x)[1] < 9:
+            rows_config = None
+    if rows_config is not None:
+        warps, per_sm, stages = rows_config
+        # Every program takes rows in turn: a grid larger than the rows adds programs that exit.
+        launchable(_softmax_fwd_rows)[(per_sm * _device(x)[0],)](
+            *common, MASK_KIND=kind, SAFE=safe, BLOCK_N=next_power_of_2(n), STAGES=stages,
+            num_warps=warps,
+        )  # fmt: skip
+        return y
     long_loop = long_row_loop(n, masked, itemsize)
     if long_loop is not None:
         loop_block_n, loop_warps = long_loop
