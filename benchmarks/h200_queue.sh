@@ -214,12 +214,14 @@ phases-tune-parallel-train)
   # so the search reaches what one GPU's 10 minutes skipped (the whole step compiled with its
   # optimizer, the autotuned modes), trials taking turns on the host for their timed reps; then
   # plain reduce-overhead at bf16 beside its pick. About 15 minutes; nothing else.
-  # TUNE_WORKLOAD=resnet50 tunes resnet50's training step instead.
+  # TUNE_WORKLOAD=resnet50 tunes resnet50's training step instead; TUNE_BUDGET (default 10m)
+  # sets the tune's budget (the job's limit grows with it).
   w=${TUNE_WORKLOAD:-bert-base}
+  budget=${TUNE_BUDGET:-10m}
   nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
   (lscpu; echo "queue cpus: all") >"$ROOT/cpus.txt" 2>&1
-  job "tune_${w}_train_2gpu" 960 python3 benchmarks/bench_tune.py --out "$ROOT/tune-2gpu" \
-    --workloads "$w" --steps train --budget 10m --plain-timeout 150 \
+  job "tune_${w}_train_2gpu" $((360 + ${budget%m} * 60)) python3 benchmarks/bench_tune.py \
+    --out "$ROOT/tune-2gpu" --workloads "$w" --steps train --budget "$budget" --plain-timeout 150 \
     --plain-modes reduce-overhead
   echo "$(date +%T) all done" >>"$ROOT/status.txt"
   ;;
