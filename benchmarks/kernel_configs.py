@@ -74,10 +74,12 @@ ROW_PAIRS = ((2, 32), (2, 16))
 # lost 29 of 40 block comparisons (10 masked cases x 4 warp counts; the best block arm of every
 # case kept the old addressing; masked fp32 16384 w16: 68% against 84%): its mask loads took 4
 # bytes a thread (fp32) where the converted layout's took 16.
-# Session 12, for the same lease: the masked block and rows kernels streaming (STREAM: scores
-# evict-first, output .cs, the mask kept in L2 with evict_last). The bench's [1, 1, Q, K] mask
-# is read once per head (16 heads); if the scores' stream pushes it out of L2 between heads,
-# each head rereads it from DRAM: 16 x 3.2 MB at 4096 x 12672 against 214 MB of bf16 scores.
+# Session 12 also measured the masked block and rows kernels streaming (scores evict-first,
+# output .cs, the mask kept in L2 with evict_last), in case the bench's [1, 1, Q, K] mask, read
+# once per head, was pushed out of L2 between heads by the scores' stream
+# (kernels-h200/session12/configs/stream/): 23 of 26 arms lost or tied, 3 gained about a
+# point (bf16 32768; masked bf16 12672 w16 69% either way, fp32 16384 w16 82% against 84%),
+# so the mask is not being reread from DRAM; the variant was removed.
 ROWS_PIPELINED = (
     (8, 2, 2), (8, 4, 2), (16, 1, 1), (16, 1, 2), (16, 2, 2), (16, 2, 3),
     (32, 1, 1), (32, 1, 2), (32, 1, 3), (32, 2, 2),
@@ -183,13 +185,6 @@ def _arms(
                                                    num_warps=w)  # fmt: skip
 
         arms.append((f"block w{warps}", block))
-        if case["mask_kind"] != ks.MASK_NONE and warps >= 8:
-
-            def stream(w: int = warps, bn: int = block_n) -> None:
-                ks._softmax_fwd_block[(ROWS,)](*args, **kw, BLOCK_M=1, BLOCK_N=bn, num_warps=w,
-                                              STREAM=True)  # fmt: skip
-
-            arms.append((f"block w{warps} stream", stream))
     for warps, maxnreg in BLOCK_CAPPED:
         if block_n // (32 * warps) < 1 or block_n > 16384:  # 32768: spills 108-584 bytes
             continue
@@ -219,13 +214,6 @@ def _arms(
             ks._softmax_fwd_rows[(g,)](*args, **kw, BLOCK_N=bn, STAGES=s, num_warps=w)
 
         arms.append((f"rows w{warps} {per_sm}/SM s{stages}", rows_pipelined))
-    if case["mask_kind"] != ks.MASK_NONE and block_n == ks.MAX_BLOCK_N:
-
-        def rows_stream(g: int = sms) -> None:
-            ks._softmax_fwd_rows[(g,)](*args, **kw, BLOCK_N=block_n, STAGES=1, num_warps=32,
-                                       STREAM=True)  # fmt: skip
-
-        arms.append(("rows w32 1/SM s1 stream", rows_stream))
     for chunk, warps in LOOP_CONFIGS if loops and measured else ():
 
         def loop(c: int = chunk, w: int = warps) -> None:

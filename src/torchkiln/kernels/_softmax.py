@@ -98,27 +98,16 @@ def _load_x(x_ptrs, inb, EVICT: tl.constexpr):
 
 
 @triton.jit
-def _scores(
-    x_ptrs, m_ptrs, inb, col_ok, scale, MASK_KIND: tl.constexpr, EVICT: tl.constexpr = 0,
-    KEEP_MASK: tl.constexpr = False,
-):  # fmt: skip
+def _scores(x_ptrs, m_ptrs, inb, col_ok, scale, MASK_KIND: tl.constexpr, EVICT: tl.constexpr = 0):
     # scale * x (+ mask) in fp32; -inf past the row's end and where a bool mask is False.
     # Padding rows of the last block (past M) load as finite zeros, not -inf, so no lane ever
-    # divides by zero there (they are never stored). KEEP_MASK keeps the mask's lines in L2
-    # (evict_last): a mask broadcast over heads is read once per head.
+    # divides by zero there (they are never stored).
     z = _load_x(x_ptrs, inb, EVICT).to(tl.float32) * scale
     if MASK_KIND == 1:
-        if KEEP_MASK:
-            keep = tl.load(m_ptrs, mask=inb, other=1, eviction_policy="evict_last") != 0
-        else:
-            keep = tl.load(m_ptrs, mask=inb, other=1) != 0
+        keep = tl.load(m_ptrs, mask=inb, other=1) != 0
         z = tl.where(keep, z, float("-inf"))
     elif MASK_KIND == 2:
-        if KEEP_MASK:
-            add = tl.load(m_ptrs, mask=inb, other=0.0, eviction_policy="evict_last")
-        else:
-            add = tl.load(m_ptrs, mask=inb, other=0.0)
-        z = z + add.to(tl.float32)
+        z = z + tl.load(m_ptrs, mask=inb, other=0.0).to(tl.float32)
     return tl.where(col_ok, z, float("-inf"))
 
 
@@ -131,9 +120,7 @@ def _scores(
 def _softmax_fwd_block(
     x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale,
     MASK_KIND: tl.constexpr, SAFE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    STREAM: tl.constexpr = False,
 ):  # fmt: skip
-    # STREAM: scores read and output written evict-first (.cs), the mask kept in L2.
     scale = tl.cast(scale, tl.float32)  # Inductor passes Python floats as fp64 (H200 run)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
@@ -142,23 +129,18 @@ def _softmax_fwd_block(
     row_start = (rows.to(tl.int64) * N)[:, None]
     m_ptrs = (m_ptr + _mask_row_offset(rows.to(tl.int64), H, Q, smb, smh, smq))[:, None]
     m_ptrs = m_ptrs + cols[None, :] * smk
-    z = _scores(x_ptr + row_start + cols[None, :], m_ptrs, inb, col_ok, scale, MASK_KIND,
-                2 if STREAM else 0, STREAM)  # fmt: skip
+    z = _scores(x_ptr + row_start + cols[None, :], m_ptrs, inb, col_ok, scale, MASK_KIND)
     row_max = _finite(tl.max(z, axis=1))
     e = tl.exp(z - row_max[:, None])
     inv = _inverse(tl.sum(e, axis=1), SAFE)
     y = (e * inv[:, None]).to(y_ptr.dtype.element_ty)
-    if STREAM:
-        tl.store(y_ptr + row_start + cols[None, :], y, mask=inb, cache_modifier=".cs")
-    else:
-        tl.store(y_ptr + row_start + cols[None, :], y, mask=inb)
+    tl.store(y_ptr + row_start + cols[None, :], y, mask=inb)
 
 
 @triton.jit
 def _softmax_fwd_rows(
     x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale,
     MASK_KIND: tl.constexpr, SAFE: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
-    STREAM: tl.constexpr = False,
 ):  # fmt: skip
     # The single block made persistent: a grid of a few programs per SM, each taking rows
     # pid, pid + G, ... and, with STAGES > 1, Triton's software pipeliner loading the next rows
@@ -172,15 +154,11 @@ def _softmax_fwd_rows(
         row = r + tl.full([], 0, tl.int64)  # int64 addressing (the interpreter gives an int)
         m_row = m_ptr + _mask_row_offset(row, H, Q, smb, smh, smq)
         m_ptrs = m_row + cols * smk
-        z = _scores(x_ptr + row * N + cols, m_ptrs, col_ok, col_ok, scale, MASK_KIND,
-                    2 if STREAM else 0, STREAM)  # fmt: skip
+        z = _scores(x_ptr + row * N + cols, m_ptrs, col_ok, col_ok, scale, MASK_KIND)
         row_max = _finite(tl.max(z, axis=0))
         e = tl.exp(z - row_max)
-        y = (e * _inverse(tl.sum(e, axis=0), SAFE)).to(y_ptr.dtype.element_ty)
-        if STREAM:  # as the block's
-            tl.store(y_ptr + row * N + cols, y, mask=col_ok, cache_modifier=".cs")
-        else:
-            tl.store(y_ptr + row * N + cols, y, mask=col_ok)
+        inv = _inverse(tl.sum(e, axis=0), SAFE)
+        tl.store(y_ptr + row * N + cols, (e * inv).to(y_ptr.dtype.element_ty), mask=col_ok)
 
 
 @triton.jit
