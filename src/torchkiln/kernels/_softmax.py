@@ -111,6 +111,14 @@ def _scores(x_ptrs, m_ptrs, inb, col_ok, scale, MASK_KIND: tl.constexpr, EVICT: 
     return tl.where(col_ok, z, float("-inf"))
 
 
+@triton.jit
+def _normalise(z, SAFE: tl.constexpr, AXIS: tl.constexpr):
+    # softmax of the scores along AXIS, held whole (single-block and rows kernels).
+    row_max = _finite(tl.max(z, axis=AXIS, keep_dims=True))
+    e = tl.exp(z - row_max)
+    return e * _inverse(tl.sum(e, axis=AXIS, keep_dims=True), SAFE)
+
+
 # Addressing: a 64-bit base pointer per row plus 32-bit column offsets. Building a 64-bit offset
 # per element instead costs two registers each; at 32768 fp32 per row and 32 warps that spilled
 # ~500 bytes per thread (ptxas -v, sm_90) where this layout spills none.
@@ -130,10 +138,7 @@ def _softmax_fwd_block(
     m_ptrs = (m_ptr + _mask_row_offset(rows.to(tl.int64), H, Q, smb, smh, smq))[:, None]
     m_ptrs = m_ptrs + cols[None, :] * smk
     z = _scores(x_ptr + row_start + cols[None, :], m_ptrs, inb, col_ok, scale, MASK_KIND)
-    row_max = _finite(tl.max(z, axis=1))
-    e = tl.exp(z - row_max[:, None])
-    inv = _inverse(tl.sum(e, axis=1), SAFE)
-    y = (e * inv[:, None]).to(y_ptr.dtype.element_ty)
+    y = _normalise(z, SAFE, 1).to(y_ptr.dtype.element_ty)
     tl.store(y_ptr + row_start + cols[None, :], y, mask=inb)
 
 
@@ -155,10 +160,8 @@ def _softmax_fwd_rows(
         m_row = m_ptr + _mask_row_offset(row, H, Q, smb, smh, smq)
         m_ptrs = m_row + cols * smk
         z = _scores(x_ptr + row * N + cols, m_ptrs, col_ok, col_ok, scale, MASK_KIND)
-        row_max = _finite(tl.max(z, axis=0))
-        e = tl.exp(z - row_max)
-        inv = _inverse(tl.sum(e, axis=0), SAFE)
-        tl.store(y_ptr + row * N + cols, (e * inv).to(y_ptr.dtype.element_ty), mask=col_ok)
+        y = _normalise(z, SAFE, 0).to(y_ptr.dtype.element_ty)
+        tl.store(y_ptr + row * N + cols, y, mask=col_ok)
 
 
 @triton.jit
