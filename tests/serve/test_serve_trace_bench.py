@@ -109,7 +109,8 @@ def test_serve_bench_cli_replays_every_arm_and_writes_json(tmp_path: Path, capsy
         assert a["alloc_retries"] == 0  # counted on CUDA only
     assert result["environment"]["torch"]
     printed = capsys.readouterr().out.strip().splitlines()
-    assert printed[-1].startswith("compiles = during set-up")
+    # The legend follows the table; a note on cold first hits may follow it (host-dependent).
+    assert any(line.startswith("compiles = during set-up") for line in printed)
     assert any(line.startswith("learned") for line in printed)
 
 
