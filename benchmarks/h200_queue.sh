@@ -215,7 +215,7 @@ phases-tune-parallel-train)
   # optimizer, the autotuned modes), trials taking turns on the host for their timed reps; then
   # plain reduce-overhead at bf16 beside its pick. About 15 minutes; nothing else.
   # TUNE_WORKLOAD=resnet50 tunes resnet50's training step instead; TUNE_BUDGET (default 10m)
-  # sets the tune's budget (the job's limit grows with it).
+  # sets the tune's budget in whole minutes, written Nm (the job's limit grows with it).
   w=${TUNE_WORKLOAD:-bert-base}
   budget=${TUNE_BUDGET:-10m}
   nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
