@@ -26,6 +26,10 @@ looped kernel with per-chunk statistics and a register cap (CHUNK_STATS_ARMS), w
 --bias-act-bwd, bias_act_scale's backward launches (BIAS_BWD_ARMS; prefetching the default
 since session 10).
 
+Session 12 added the persistent rows kernel (ROWS_PIPELINED: a few programs an SM taking rows
+in turn, Triton's pipeliner loading the next row while one reduces), the default for rows of
+16385-32768 where it won since (_softmax.ROWS_LOOP).
+
 Results are written after every case (a cut run keeps what it measured), to
 DIR/kernel_configs.json with the environment; a table is printed last.
 """
