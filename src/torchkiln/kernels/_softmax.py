@@ -400,21 +400,23 @@ def softmax_forward(
         return y
     m, n = common[3], common[4]
     masked, itemsize = kind != MASK_NONE, x.element_size()
-    if rows_config is None and max_block_n == MAX_BLOCK_N:
+    explicit = rows_config is not None
+    if not explicit and max_block_n == MAX_BLOCK_N:
         rows_config = rows_loop(n, masked, itemsize)
+    if rows_config is not None:
+        sms, major = _device(x)
         # ROWS_LOOP was measured on an H200 only, and its 3-stage pipeline takes 128 KB of shared
         # memory a program, more than sm_86 / sm_89 GPUs have (100 KB): before Hopper the
         # earlier kernels stay.
-        if rows_config is not None and _device(x)[1] < 9:
-            rows_config = None
-    if rows_config is not None:
-        warps, per_sm, stages = rows_config
-        # Every program takes rows in turn: a grid larger than the rows adds programs that exit.
-        launchable(_softmax_fwd_rows)[(per_sm * _device(x)[0],)](
-            *common, MASK_KIND=kind, SAFE=safe, BLOCK_N=next_power_of_2(n), STAGES=stages,
-            num_warps=warps,
-        )  # fmt: skip
-        return y
+        if explicit or major >= 9:
+            warps, per_sm, stages = rows_config
+            # Every program takes rows in turn: a grid larger than the rows adds programs that
+            # exit at once.
+            launchable(_softmax_fwd_rows)[(per_sm * sms,)](
+                *common, MASK_KIND=kind, SAFE=safe, BLOCK_N=next_power_of_2(n), STAGES=stages,
+                num_warps=warps,
+            )  # fmt: skip
+            return y
     long_loop = long_row_loop(n, masked, itemsize)
     if long_loop is not None:
         loop_block_n, loop_warps = long_loop
