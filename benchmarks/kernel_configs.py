@@ -88,10 +88,11 @@ ROWS_PIPELINED = (
     (8, 2, 2), (8, 4, 2), (16, 1, 1), (16, 1, 2), (16, 2, 2), (16, 2, 3),
     (32, 1, 1), (32, 1, 2), (32, 1, 3), (32, 2, 2),
 )  # fmt: skip
-# Session 12, for the next lease: the masked forward loading its query's mask row once for HEADS
-# heads (benchmarks/kernels_experimental.py), (warps, heads per program, stages). The bench's
-# 16 heads share a [1, 1, Q, K] mask.
-HEADS_SHARED = ((8, 4, 2), (16, 4, 1), (16, 4, 2), (16, 16, 2), (32, 4, 1), (32, 4, 2), (32, 16, 2))
+# Session 13 measured a masked forward that loaded its query's mask row once for several heads
+# (the bench's 16 heads share a [1, 1, Q, K] mask), the next head's scores pipelined in
+# (kernels-h200/session13/heads/): it won by 2-3 points at 32768 only (masked fp32 86% against
+# the rows kernel's 83%, bf16 69% against 67%) and lost or tied at 4096-16384 (masked bf16
+# 12672: 47% against the block's 70%). Not worth a third forward kernel; removed.
 LOOP_CONFIGS = ((2048, 4), (4096, 8), (4096, 16), (8192, 8), (8192, 16))
 # The looped kernel with fewer programs than rows, each taking rows in turn: so many programs per
 # SM, (chunk, warps). One program per row put ~8 rows per SM in flight (1056 x 128 KB at fp32
@@ -173,7 +174,6 @@ def _arms(
     import torch
 
     from torchkiln.kernels import _softmax as ks
-    from torchkiln.kernels._cases import HEADS
     from torchkiln.kernels._launch import cdiv, next_power_of_2
 
     x, m4, *rest = case["common"]
@@ -223,18 +223,6 @@ def _arms(
             ks._softmax_fwd_rows[(g,)](*args, **kw, BLOCK_N=bn, STAGES=s, num_warps=w)
 
         arms.append((f"rows w{warps} {per_sm}/SM s{stages}", rows_pipelined))
-    for warps, heads, stages in HEADS_SHARED if case["mask_kind"] != ks.MASK_NONE else ():
-        if not 1 <= block_n // (32 * warps) <= 64 or block_n > ks.MAX_BLOCK_N:
-            continue
-        from kernels_experimental import _masked_fwd_heads, masked_heads_grid
-
-        grid = masked_heads_grid(1, ROWS // HEADS, HEADS, heads)
-
-        def heads_shared(w: int = warps, h: int = heads, s: int = stages, g: int = grid) -> None:
-            _masked_fwd_heads[(g,)](*args, **kw, BLOCK_N=block_n, HEADS=h, STAGES=s,
-                                    num_warps=w)  # fmt: skip
-
-        arms.append((f"heads w{warps} x{heads} s{stages}", heads_shared))
     for chunk, warps in LOOP_CONFIGS if loops and measured else ():
 
         def loop(c: int = chunk, w: int = warps) -> None:

@@ -130,6 +130,8 @@ def bias_act_rows(cols: int) -> list[dict[str, Any]]:
                    "scale": "fp32"}  # fmt: skip
             for code, name in names.items():
                 consts = {"ACT": code, "BLOCK_M": block_m, "BLOCK_N": block_n}
+                if label.endswith("bwd"):
+                    consts["PREFETCH"] = False  # the default launch
                 rows.append(count(label, name, dtype, cols, per_thread, kernel, sig, consts,
                                   warps, ints))  # fmt: skip
     return rows

@@ -125,7 +125,9 @@ def _act_grad(z, ACT: tl.constexpr):
     elif ACT == 1:
         # Phi(z) + z * phi(z), with 1/sqrt(2) and 1/sqrt(2*pi).
         cdf = 0.5 * (1.0 + tl.erf(z * 0.7071067811865476))
-        g = cdf + z * tl.exp(-0.5 * z * z) * 0.3989422804014327
+        # exp(-z^2 / 2) as exp2(z^2 * -log2(e) / 2): tl.exp adds a denormal fix-up
+        # (_softmax._log2_scale).
+        g = cdf + z * tl.exp2(z * z * -0.7213475204444817) * 0.3989422804014327
     else:
         g = _gelu_poly_grad(z, ACT == 3)  # 3: GELU_POLY_FAST
     return g

@@ -98,24 +98,37 @@ def _load_x(x_ptrs, inb, EVICT: tl.constexpr):
 
 
 @triton.jit
+def _log2_scale(scale):
+    # The forward works in base 2: scores times log2(e), then exp2. tl.exp lowers to ex2.approx
+    # of x * log2(e) with a denormal fix-up around it (a compare and two multiplies), tl.exp2 to
+    # a bare ex2.approx.ftz: 20.7 against 25.9 instructions per element for the bf16 forward at
+    # 4096 x 12672, masked 24.2 against 30.7 with the bool-mask change in _scores (sm_90 SASS,
+    # benchmarks/kernel_sass.py). Results below 2**-126 of the row's largest become 0 (ftz).
+    # Inductor passes Python floats as fp64 (H200 run), hence the cast.
+    return tl.cast(scale, tl.float32) * 1.4426950408889634
+
+
+@triton.jit
 def _scores(x_ptrs, m_ptrs, inb, col_ok, scale, MASK_KIND: tl.constexpr, EVICT: tl.constexpr = 0):
-    # scale * x (+ mask) in fp32; -inf past the row's end and where a bool mask is False.
-    # Padding rows of the last block (past M) load as finite zeros, not -inf, so no lane ever
-    # divides by zero there (they are never stored).
+    # log2(e) * (scale * x + mask) in fp32, `scale` already times log2(e) (_log2_scale); -inf
+    # past the row's end and where a bool mask is False. A bool mask loads False past the row's
+    # end, which stands in for the column test (one select an element fewer). Padding rows of
+    # the last block (past M) load finite zeros without a bool mask and -inf with one; neither
+    # divides by zero (masked rows use _inverse's SAFE form) and they are never stored.
     z = _load_x(x_ptrs, inb, EVICT).to(tl.float32) * scale
     if MASK_KIND == 1:
-        keep = tl.load(m_ptrs, mask=inb, other=1) != 0
-        z = tl.where(keep, z, float("-inf"))
-    elif MASK_KIND == 2:
-        z = z + tl.load(m_ptrs, mask=inb, other=0.0).to(tl.float32)
+        keep = tl.load(m_ptrs, mask=inb, other=0) != 0
+        return tl.where(keep, z, float("-inf"))
+    if MASK_KIND == 2:
+        z = z + tl.load(m_ptrs, mask=inb, other=0.0).to(tl.float32) * 1.4426950408889634
     return tl.where(col_ok, z, float("-inf"))
 
 
 @triton.jit
 def _normalise(z, SAFE: tl.constexpr, AXIS: tl.constexpr):
-    # softmax of the scores along AXIS, held whole (single-block and rows kernels).
+    # softmax of the base-2 scores along AXIS, held whole (single-block and rows kernels).
     row_max = _finite(tl.max(z, axis=AXIS, keep_dims=True))
-    e = tl.exp(z - row_max)
+    e = tl.exp2(z - row_max)
     return e * _inverse(tl.sum(e, axis=AXIS, keep_dims=True), SAFE)
 
 
@@ -129,7 +142,7 @@ def _softmax_fwd_block(
     x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale,
     MASK_KIND: tl.constexpr, SAFE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    scale = tl.cast(scale, tl.float32)  # Inductor passes Python floats as fp64 (H200 run)
+    scale = _log2_scale(scale)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols[None, :] < N
@@ -152,7 +165,7 @@ def _softmax_fwd_rows(
     # (cp.async, into shared memory) while this one is reduced and stored. The one-row block
     # has nothing in flight while it reduces, and a 32768-element row takes one 32-warp
     # program, alone on its SM. Where it is used and why: ROWS_LOOP.
-    scale = tl.cast(scale, tl.float32)  # Inductor passes Python floats as fp64 (H200 run)
+    scale = _log2_scale(scale)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
     for r in tl.range(tl.program_id(0), M, tl.num_programs(0), num_stages=STAGES):
@@ -170,7 +183,7 @@ def _softmax_fwd_loop(
     MASK_KIND: tl.constexpr, SAFE: tl.constexpr, BLOCK_N: tl.constexpr,
     L2_HINTS: tl.constexpr = False, CHUNK_STATS: tl.constexpr = False,
 ):  # fmt: skip
-    scale = tl.cast(scale, tl.float32)  # Inductor passes Python floats as fp64 (H200 run)
+    scale = _log2_scale(scale)
     # Rows pid, pid + G, ... for a grid of G programs: one row each when G == M. A smaller grid
     # keeps fewer rows in flight, so a row's second read may come from L2 (softmax_forward's
     # `loop_programs`; it did not help on the H200, sessions 8-9). L2_HINTS keeps the first
@@ -201,7 +214,7 @@ def _softmax_fwd_loop(
                             1 if L2_HINTS else 0)  # fmt: skip
                 new_max = tl.maximum(row_max, tl.max(z, axis=0))
                 safe_max = _finite(new_max)
-                row_sum = row_sum * tl.exp(row_max - safe_max) + tl.sum(tl.exp(z - safe_max))
+                row_sum = row_sum * tl.exp2(row_max - safe_max) + tl.sum(tl.exp2(z - safe_max))
                 row_max = new_max
             row_max = _finite(row_max)
             inv = _inverse(row_sum, SAFE)
@@ -215,10 +228,10 @@ def _softmax_fwd_loop(
                             1 if L2_HINTS else 0)  # fmt: skip
                 new_max = tl.maximum(run_max, z)
                 safe_max = _finite(new_max)
-                run_sum = run_sum * tl.exp(run_max - safe_max) + tl.exp(z - safe_max)
+                run_sum = run_sum * tl.exp2(run_max - safe_max) + tl.exp2(z - safe_max)
                 run_max = new_max
             row_max = _finite(tl.max(run_max, axis=0))
-            inv = _inverse(tl.sum(run_sum * tl.exp(run_max - row_max), axis=0), SAFE)
+            inv = _inverse(tl.sum(run_sum * tl.exp2(run_max - row_max), axis=0), SAFE)
         chunks = tl.cdiv(N, BLOCK_N)
         for i in range(0, chunks):
             start = i * BLOCK_N
@@ -226,7 +239,7 @@ def _softmax_fwd_loop(
             inb = cols < N
             z = _scores(x_row + cols, m_row + cols * smk, inb, inb, scale, MASK_KIND,
                         2 if L2_HINTS else 0)  # fmt: skip
-            y = (tl.exp(z - row_max) * inv).to(y_ptr.dtype.element_ty)
+            y = (tl.exp2(z - row_max) * inv).to(y_ptr.dtype.element_ty)
             if L2_HINTS:
                 tl.store(y_row + cols, y, mask=inb, cache_modifier=".cs")
             else:
