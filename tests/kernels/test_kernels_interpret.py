@@ -146,6 +146,42 @@ def test_masked_softmax_kernel_matches_reference(interpreted, kind, dtype):
         assert_close(y, ref, dtype, f"masked softmax ({kind}, {cap or 'single block'})")
 
 
+# Masks the kinds above leave out, by what the mask's address needs (_softmax.mask_dims): a
+# mask per head shared over several batches (the batch index made only to take the head apart),
+# per batch and head but not query, per head and query in one batch (no batch division), a full
+# mask whose strides are not a contiguous row index (every division), and a full contiguous one
+# (the row times the stride).
+def _mask_cases():
+    b, h, q, k = 3, 5, 7, 129
+    full_t = (torch.rand(b, q, h, k, generator=torch.Generator().manual_seed(3)) > 0.3).transpose(
+        1, 2
+    )
+    return [
+        ("per head, 3 batches", (b, h, q, k), (1, h, q, k), None, 7),
+        ("per batch and head", (b, h, q, k), (b, h, 1, k), None, 3),
+        ("per head and query, one batch", (1, h, q, k), (1, h, q, k), full_t[:1], 6),
+        ("full, strided", (b, h, q, k), None, full_t, 7),
+        ("full, contiguous", (b, h, q, k), (b, h, q, k), None, 8),
+    ]
+
+
+@pytest.mark.parametrize("case", _mask_cases(), ids=lambda c: c[0])
+def test_masked_forward_addresses_every_mask_layout(interpreted, case):
+    from torchkiln.kernels import _softmax
+
+    what, shape, mask_shape, given, dims = case
+    gen = torch.Generator().manual_seed(4)
+    scores = _randn(shape, torch.float32, seed=5)
+    mask = given if given is not None else torch.rand(mask_shape, generator=gen) > 0.3
+    h, q, strides = _softmax.mask_layout(shape, mask)
+    m = scores.numel() // shape[-1]
+    assert _softmax.mask_dims(_softmax.MASK_BOOL, m, h, q, *strides[:3]) == dims, what
+    ref = masked_softmax_ref(scores, mask, 0.125)
+    for cap in ({}, {"max_block_n": 64}, ROWS):
+        y = interpreted("_softmax", "softmax_forward", scores, mask, 0.125, safe=True, **cap)
+        assert_close(y, ref, torch.float32, f"{what}, {cap or 'single block'}")
+
+
 def test_masked_softmax_kernel_fully_masked_rows_are_zero(interpreted):
     scores = torch.randn(2, 2, 3, 50)
     mask = torch.ones(2, 1, 3, 50, dtype=torch.bool)

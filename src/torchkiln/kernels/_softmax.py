@@ -35,6 +35,10 @@ ROW_TILE_SHORT, ROW_TILE = 2048, 4096
 MASKED_WIDE_BLOCK_N = 16384
 
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
+# What the mask varies along (mask_dims, _mask_row_offset): bits for batch, heads and queries,
+# or MASK_FLAT where its strides are those of a contiguous [B * H * Q] row index.
+MASK_ALONG_B, MASK_ALONG_H, MASK_ALONG_Q, MASK_FLAT = 1, 2, 4, 8
+MASK_ALL_DIMS = 7
 # Rows longer than half the cap (held in a 32768-element block, or past the cap) without a mask
 # take the looped kernel with per-chunk statistics and L2 hints, (chunk, warps) by element size.
 # H200 (session 10, benchmarks/kernel_configs.py), 4096 x 32768: fp32 97% of the copy ceiling at
@@ -79,10 +83,29 @@ def _inverse(denom, SAFE: tl.constexpr):
 
 
 @triton.jit
-def _mask_row_offset(row, H, Q, smb, smh, smq):
+def _mask_row_offset(row, H, Q, smb, smh, smq, DIMS: tl.constexpr):
     # Rows are flattened [batch, heads, q]; the mask is addressed through its (broadcast) strides,
     # so a [B, 1, 1, K] padding mask is read once per batch from L2 instead of being expanded.
-    return (row // (H * Q)) * smb + ((row // Q) % H) * smh + (row % Q) * smq
+    # DIMS (mask_dims: 1 batch, 2 heads, 4 queries, 8 flat; literals, since Inductor copies
+    # this source and globals would not follow) says which the mask varies along, so only the
+    # divisions that matter are made: each is ~35 instructions a thread, ~1.4 an element of a
+    # 12672-element bf16 row (sm_90 SASS); the bench's [1, 1, Q, K] mask needs one of three.
+    if DIMS == 8:
+        off = row * smq
+    else:
+        bh = row // Q  # batch * H + head
+        off = row * 0
+        if DIMS % 8 >= 4:
+            off += (row - bh * Q) * smq
+        if DIMS % 4 >= 2:
+            if DIMS % 2 == 1:
+                b = bh // H
+                off += b * smb + (bh - b * H) * smh
+            else:
+                off += bh * smh  # one batch (mask_dims): bh is the head
+        elif DIMS % 2 == 1:
+            off += (row // (H * Q)) * smb
+    return off
 
 
 @triton.jit
@@ -141,6 +164,7 @@ def _normalise(z, SAFE: tl.constexpr, AXIS: tl.constexpr):
 def _softmax_fwd_block(
     x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale,
     MASK_KIND: tl.constexpr, SAFE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASK_DIMS: tl.constexpr = MASK_ALL_DIMS,
 ):  # fmt: skip
     scale = _log2_scale(scale)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -148,7 +172,7 @@ def _softmax_fwd_block(
     col_ok = cols[None, :] < N
     inb = (rows[:, None] < M) & col_ok
     row_start = (rows.to(tl.int64) * N)[:, None]
-    m_ptrs = (m_ptr + _mask_row_offset(rows.to(tl.int64), H, Q, smb, smh, smq))[:, None]
+    m_ptrs = (m_ptr + _mask_row_offset(rows.to(tl.int64), H, Q, smb, smh, smq, MASK_DIMS))[:, None]
     m_ptrs = m_ptrs + cols[None, :] * smk
     z = _scores(x_ptr + row_start + cols[None, :], m_ptrs, inb, col_ok, scale, MASK_KIND)
     y = _normalise(z, SAFE, 1).to(y_ptr.dtype.element_ty)
@@ -159,6 +183,7 @@ def _softmax_fwd_block(
 def _softmax_fwd_rows(
     x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale,
     MASK_KIND: tl.constexpr, SAFE: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
+    MASK_DIMS: tl.constexpr = MASK_ALL_DIMS,
 ):  # fmt: skip
     # The single block made persistent: a grid of a few programs per SM, each taking rows
     # pid, pid + G, ... and, with STAGES > 1, Triton's software pipeliner loading the next rows
@@ -170,7 +195,7 @@ def _softmax_fwd_rows(
     col_ok = cols < N
     for r in tl.range(tl.program_id(0), M, tl.num_programs(0), num_stages=STAGES):
         row = r + tl.full([], 0, tl.int64)  # int64 addressing (the interpreter gives an int)
-        m_row = m_ptr + _mask_row_offset(row, H, Q, smb, smh, smq)
+        m_row = m_ptr + _mask_row_offset(row, H, Q, smb, smh, smq, MASK_DIMS)
         m_ptrs = m_row + cols * smk
         z = _scores(x_ptr + row * N + cols, m_ptrs, col_ok, col_ok, scale, MASK_KIND)
         y = _normalise(z, SAFE, 0).to(y_ptr.dtype.element_ty)
@@ -182,6 +207,7 @@ def _softmax_fwd_loop(
     x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale,
     MASK_KIND: tl.constexpr, SAFE: tl.constexpr, BLOCK_N: tl.constexpr,
     L2_HINTS: tl.constexpr = False, CHUNK_STATS: tl.constexpr = False,
+    MASK_DIMS: tl.constexpr = MASK_ALL_DIMS,
 ):  # fmt: skip
     scale = _log2_scale(scale)
     # Rows pid, pid + G, ... for a grid of G programs: one row each when G == M. A smaller grid
@@ -196,7 +222,7 @@ def _softmax_fwd_loop(
         row = r + tl.full([], 0, tl.int64)  # int64 addressing (the interpreter gives an int)
         x_row = x_ptr + row * N
         y_row = y_ptr + row * N
-        m_row = m_ptr + _mask_row_offset(row, H, Q, smb, smh, smq)
+        m_row = m_ptr + _mask_row_offset(row, H, Q, smb, smh, smq, MASK_DIMS)
         # One pass to find max and sum, a second to write. The online statistics are kept per
         # lane (a running max and a sum rescaled to it, reduced once at the end: two exps per
         # element) or, with CHUNK_STATS, per chunk (the chunk's max and sum reduced across the
@@ -363,6 +389,21 @@ def mask_layout(shape: tuple[int, ...], mask: torch.Tensor) -> tuple[int, int, t
     return dims[1], dims[2], strides
 
 
+def mask_dims(kind: int, m: int, h: int, q: int, smb: int, smh: int, smq: int) -> int:
+    """The forward's MASK_DIMS: which of batch, heads and queries the mask's address needs (a
+    dimension of one, or of stride 0, does not, but the batch index is made wherever there are
+    several batches and the head is needed, to take the head apart from it), or MASK_FLAT when
+    the strides are a contiguous [B, H, Q] index's (a full mask: the row times smq)."""
+    if kind == MASK_NONE:
+        return 0
+    b = m // (h * q) if h * q else 1
+    if smq != 0 and (h == 1 or smh == q * smq) and (b == 1 or smb == h * q * smq):
+        return MASK_FLAT
+    along_h, along_q = h > 1 and smh != 0, q > 1 and smq != 0
+    along_b = b > 1 and (smb != 0 or along_h)
+    return along_b * MASK_ALONG_B + along_h * MASK_ALONG_H + along_q * MASK_ALONG_Q
+
+
 def forward_args(
     x: torch.Tensor, mask: torch.Tensor | None, scale: float
 ) -> tuple[torch.Tensor, int, tuple]:
@@ -412,6 +453,7 @@ def softmax_forward(
     if x.numel() == 0:
         return y
     m, n = common[3], common[4]
+    dims = mask_dims(kind, m, *common[5:7], *common[7:10])
     masked, itemsize = kind != MASK_NONE, x.element_size()
     explicit = rows_config is not None
     if not explicit and max_block_n == MAX_BLOCK_N:
@@ -427,7 +469,7 @@ def softmax_forward(
             # exit at once.
             launchable(_softmax_fwd_rows)[(per_sm * sms,)](
                 *common, MASK_KIND=kind, SAFE=safe, BLOCK_N=next_power_of_2(n), STAGES=stages,
-                num_warps=warps,
+                MASK_DIMS=dims, num_warps=warps,
             )  # fmt: skip
             return y
     long_loop = long_row_loop(n, masked, itemsize)
@@ -440,14 +482,16 @@ def softmax_forward(
         maxnreg = forward_maxnreg(n, masked, itemsize)
         launchable(_softmax_fwd_block)[(cdiv(m, block_m),)](
             *common, MASK_KIND=kind, SAFE=safe, BLOCK_M=block_m, BLOCK_N=block_n,
-            num_warps=num_warps, **({} if maxnreg is None else {"maxnreg": maxnreg}),
+            MASK_DIMS=dims, num_warps=num_warps,
+            **({} if maxnreg is None else {"maxnreg": maxnreg}),
         )  # fmt: skip
     else:
         grid = m if loop_programs is None else max(1, min(m, loop_programs))
         cap = {} if loop_maxnreg is None else {"maxnreg": loop_maxnreg}
         launchable(_softmax_fwd_loop)[(grid,)](
             *common, MASK_KIND=kind, SAFE=safe, BLOCK_N=min(loop_block_n, max_block_n),
-            L2_HINTS=loop_l2_hints, CHUNK_STATS=loop_chunk_stats, num_warps=loop_warps, **cap,
+            L2_HINTS=loop_l2_hints, CHUNK_STATS=loop_chunk_stats, MASK_DIMS=dims,
+            num_warps=loop_warps, **cap,
         )  # fmt: skip
     return y
 
