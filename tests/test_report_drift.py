@@ -92,3 +92,14 @@ def test_the_tune_report_lists_each_trial_note_once_with_its_variants():
     assert f"- Note (`eager`, `inductor`): {busy}" in text
     assert "- Note (`inductor`): recompiled during the timed reps" in text
     assert "- Note (`inductor`): correctness check skipped" in text
+
+
+def test_the_tune_report_sums_the_trials_waits_for_the_host_and_names_the_longest():
+    doc = synthetic_tune_doc()
+    assert "waited" not in markdown(doc)  # one trial at a time: no turns, no line
+    doc["trials"][0]["phase_s"] = {"host_wait": 12.4, "measure": 5.0}
+    doc["trials"][1]["phase_s"] = {"host_wait": 240.6}
+    doc["head_to_head_trials"] = [dict(doc["trials"][1], phase_s={"host_wait": 0.2})]
+    text = markdown(doc)
+    assert "- Trials waited 253 s in all for the host" in text
+    assert "the longest wait, 241 s, was `inductor`'s" in text

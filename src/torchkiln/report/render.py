@@ -141,6 +141,14 @@ def markdown(doc: dict[str, Any]) -> str:
     drift = doc.get("baseline_drift") or {}
     if drift.get("warning"):
         out.append(f"- Warning: {_md(drift['warning'])}")
+    waited = host_waits(doc)
+    if waited:
+        (longest, variant), total = max(waited), sum(w for w, _ in waited)
+        out.append(
+            f"- Trials waited {total:.0f} s in all for the host (side by side, trials take turns "
+            f"so that no reps are timed while a neighbour compiles); the longest wait, "
+            f"{longest:.0f} s, was `{variant}`'s"
+        )
     # Each trial's notes (a busy host, a recompile during the timed reps, ...), once per text.
     noted: dict[str, list[str]] = {}
     for r in [*doc["trials"], *(doc.get("head_to_head_trials") or [])]:
@@ -151,6 +159,14 @@ def markdown(doc: dict[str, Any]) -> str:
     for note, variants in noted.items():
         out.append(f"- Note ({', '.join(f'`{v}`' for v in variants)}): {_md(note)}")
     return "\n".join(out) + "\n"
+
+
+def host_waits(doc: dict[str, Any]) -> list[tuple[float, str]]:
+    """(seconds, variant) of every trial that waited for its turn on the host (the `host_wait`
+    phase of trials run side by side, runner/host_lock.py), search and head-to-head alike."""
+    trials = [*doc["trials"], *(doc.get("head_to_head_trials") or [])]
+    waits = [((r.get("phase_s") or {}).get("host_wait") or 0.0, r["variant"]) for r in trials]
+    return [(w, v) for w, v in waits if w >= 0.5]
 
 
 CSS = """body{font:14px system-ui,sans-serif;margin:24px;max-width:1100px}
