@@ -261,6 +261,17 @@ phases-session6)
   wait
   echo "$(date +%T) all done" >>"$ROOT/status.txt"
   ;;
+phases-kernels)
+  # One GPU, ~8 minutes: the kernels' GPU tests, the forward's launch configurations (session
+  # 13 changed the forward's instructions per element: base-2 exp, only the mask divisions
+  # needed, so the measured bests of sessions 8-12 may have moved), then the bandwidth table.
+  nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
+  job kernels_tests 200 python3 -m pytest -q -m gpu tests/kernels
+  job kernel_configs 200 python3 benchmarks/kernel_configs.py --out "$ROOT/configs" --no-loop \
+    --skip-measured --no-bias-act --cols 32768 16384 12672 8192 4096 2048
+  job kernels 270 python3 benchmarks/bench_kernels.py --out "$ROOT/kernels" --budget-s 230
+  echo "$(date +%T) all done" >>"$ROOT/status.txt"
+  ;;
 phases-leftovers)
   # One GPU, ~14 minutes, alone: the kernels after their direct-launch fix (issue 6; session 5
   # found every eager forward call launch-bound), then what issue 8 still needs: bert-base
