@@ -181,10 +181,11 @@ def _arms(
     case["y"] = y
     m_arg = x if m4 is None else m4
     args = (x, y, m_arg, *rest)
-    # MASK_DIMS as the launcher sets it (softmax_forward): the bench's [1, 1, Q, K] mask needs
-    # the query index alone.
+    # MASK_DIMS and POS_SCALE as the launcher sets them (softmax_forward): the bench's
+    # [1, 1, Q, K] mask needs the query index alone, and its scales are positive.
     dims = ks.mask_dims(case["mask_kind"], rest[0], *rest[2:7])
-    kw = {"MASK_KIND": case["mask_kind"], "SAFE": case["safe"], "MASK_DIMS": dims}
+    kw = {"MASK_KIND": case["mask_kind"], "SAFE": case["safe"], "MASK_DIMS": dims,
+          "POS_SCALE": rest[-1] > 0}  # fmt: skip
     arms = []
     block_n = next_power_of_2(cols)
     for warps in BLOCK_WARPS:

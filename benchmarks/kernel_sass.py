@@ -165,10 +165,12 @@ def softmax_rows(cols: int) -> list[dict[str, Any]]:
             else:
                 ints |= {"smb": 0, "smh": 0, "smq": 0, "smk": 0}
             label = "masked_softmax fwd" if kind else "softmax fwd"
-            # As the launcher sets it for this mask: the query index alone (one division).
+            # As the launcher sets them for this mask (the query index alone: one division)
+            # and the bench's positive scales.
             addressing = [ints[k] for k in ("M", "H", "Q", "smb", "smh", "smq")]
             for _, _, consts, _, _ in variants:
                 consts["MASK_DIMS"] = ks.mask_dims(kind, *addressing)
+                consts["POS_SCALE"] = True
             for name, kernel, consts, w, rows_per_program in variants:
                 per_thread = rows_per_program * cols / (32 * w)
                 rows.append(count(label, name, dtype, cols, per_thread, kernel, sig, consts, w,

@@ -255,17 +255,19 @@ def test_the_fast_gelu_takes_the_hardware_approximations():
         assert "ex2.approx.ftz.f32" in ptx or not fast
 
 
+@pytest.mark.parametrize("pos_scale", [False, True])
 @pytest.mark.parametrize(("masked", "dtype"), [(False, "bf16"), (False, "fp16"), (True, "fp32"),
                                                (True, "bf16")])  # fmt: skip
-def test_rows_kernel_fits_an_sm_without_spilling(masked, dtype):
+def test_rows_kernel_fits_an_sm_without_spilling(masked, dtype, pos_scale):
     # ROWS_LOOP's configurations at 32768 columns, compiled as the launcher specialises aligned
     # inputs: no spills, and the pipeline's buffers within the 227 KB of shared memory a Hopper
     # program may take (3 stages of a 32768-element bf16 row: 128 KB).
     warps, _, stages = _softmax.rows_loop(32768, masked, 4 if dtype == "fp32" else 2)
     sig = {"x_ptr": f"*{dtype}", "y_ptr": f"*{dtype}", **ROW_ARGS, **MASK_ARGS}
     del sig["smk"]
+    # A positive scale (the launcher's POS_SCALE) and a mask varying along queries alone.
     consts = {"MASK_KIND": int(masked), "SAFE": masked, "BLOCK_N": 32768, "STAGES": stages,
-              "smk": 1}  # fmt: skip
+              "smk": 1, "POS_SCALE": pos_scale, "MASK_DIMS": 4 if masked else 0}  # fmt: skip
     compiled = _compile(_softmax._softmax_fwd_rows, sig, consts, warps, aligned=ALIGNED)
     assert _ptxas_spills(compiled) == 0
     assert compiled.metadata.shared <= 227 * 1024

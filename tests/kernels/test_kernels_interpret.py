@@ -182,6 +182,20 @@ def test_masked_forward_addresses_every_mask_layout(interpreted, case):
         assert_close(y, ref, torch.float32, f"{what}, {cap or 'single block'}")
 
 
+@pytest.mark.parametrize("scale", [0.0, -0.5])
+@pytest.mark.parametrize("kind", ["bool_per_query", "additive_causal"])
+def test_masked_forward_with_a_scale_that_is_not_positive(interpreted, kind, scale):
+    # A positive scale rides in exp2's argument (_softmax._x_factor); zero and negative scales
+    # take the other form, with the scores scaled up front. Every path: block, looped, rows.
+    shape = (2, 3, 5, 129)
+    scores = _randn(shape, torch.float32, seed=6)
+    mask = make_mask(kind, shape, torch.Generator().manual_seed(7))
+    ref = masked_softmax_ref(scores, mask, scale)
+    for cap in ({}, {"max_block_n": 64}, ROWS):
+        y = interpreted("_softmax", "softmax_forward", scores, mask, scale, safe=True, **cap)
+        assert_close(y, ref, torch.float32, f"scale {scale}, {kind}, {cap or 'single block'}")
+
+
 def test_masked_softmax_kernel_fully_masked_rows_are_zero(interpreted):
     scores = torch.randn(2, 2, 3, 50)
     mask = torch.ones(2, 1, 3, 50, dtype=torch.bool)

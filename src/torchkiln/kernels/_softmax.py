@@ -121,37 +121,68 @@ def _load_x(x_ptrs, inb, EVICT: tl.constexpr):
 
 
 @triton.jit
-def _log2_scale(scale):
-    # The forward works in base 2: scores times log2(e), then exp2. tl.exp lowers to ex2.approx
-    # of x * log2(e) with a denormal fix-up around it (a compare and two multiplies), tl.exp2 to
-    # a bare ex2.approx.ftz: 20.7 against 25.9 instructions per element for the bf16 forward at
-    # 4096 x 12672, masked 24.2 against 30.7 with the bool-mask change in _scores (sm_90 SASS,
-    # benchmarks/kernel_sass.py). Results below 2**-126 of the row's largest become 0 (ftz).
-    # Inductor passes Python floats as fp64 (H200 run), hence the cast.
-    return tl.cast(scale, tl.float32) * 1.4426950408889634
+def _x_factor(scale, POS_SCALE: tl.constexpr):
+    # The forward works in base 2: exp(t) = exp2(t * log2(e)). tl.exp lowers to ex2.approx of
+    # x * log2(e) with a denormal fix-up around it (a compare and two multiplies), tl.exp2 to a
+    # bare ex2.approx.ftz: 20.7 against 25.9 instructions per element for the bf16 forward at
+    # 4096 x 12672 (sm_90 SASS, benchmarks/kernel_sass.py). Results below 2**-126 of the row's
+    # largest become 0 (ftz). With a positive scale (POS_SCALE, the launcher's test) the scores
+    # stay unscaled, x + mask / scale, and scale * log2(e) rides in exp2's argument as one FFMA,
+    # z * c - max * c (_exp2_shifted): one multiply an element fewer, 19.4 against 20.7; a zero,
+    # negative or NaN scale scales up front, scale * log2(e) * x + log2(e) * mask. The cast:
+    # Inductor passes Python floats as fp64 (H200 run).
+    return 1.0 if POS_SCALE else tl.cast(scale, tl.float32) * 1.4426950408889634
 
 
 @triton.jit
-def _scores(x_ptrs, m_ptrs, inb, col_ok, scale, MASK_KIND: tl.constexpr, EVICT: tl.constexpr = 0):
-    # log2(e) * (scale * x + mask) in fp32, `scale` already times log2(e) (_log2_scale); -inf
-    # past the row's end and where a bool mask is False. A bool mask loads False past the row's
-    # end, which stands in for the column test (one select an element fewer). Padding rows of
-    # the last block (past M) load finite zeros without a bool mask and -inf with one; neither
-    # divides by zero (masked rows use _inverse's SAFE form) and they are never stored.
-    z = _load_x(x_ptrs, inb, EVICT).to(tl.float32) * scale
+def _mask_factor(scale, POS_SCALE: tl.constexpr):
+    # What an additive mask is multiplied by (_x_factor).
+    return 1.0 / tl.cast(scale, tl.float32) if POS_SCALE else 1.4426950408889634
+
+
+@triton.jit
+def _exp_factor(scale, POS_SCALE: tl.constexpr):
+    # What exp2's argument is multiplied by (_x_factor).
+    return tl.cast(scale, tl.float32) * 1.4426950408889634 if POS_SCALE else 1.0
+
+
+@triton.jit
+def _exp2_shifted(z, m, c, POS_SCALE: tl.constexpr):
+    # exp(scale * x + mask - the same at the row's max) from the scores z and their max m
+    # (_x_factor): with POS_SCALE one FFMA and the exp2 an element.
+    if POS_SCALE:
+        e = tl.exp2(z * c - m * c)
+    else:
+        e = tl.exp2(z - m)
+    return e
+
+
+@triton.jit
+def _scores(
+    x_ptrs, m_ptrs, inb, col_ok, xf, mf,
+    MASK_KIND: tl.constexpr, POS_SCALE: tl.constexpr, EVICT: tl.constexpr = 0,
+):  # fmt: skip
+    # x * xf + mask * mf in fp32 (_x_factor, _mask_factor); -inf past the row's end and where a
+    # bool mask is False. A bool mask loads False past the row's end, which stands in for the
+    # column test (one select an element fewer). Padding rows of the last block (past M) load
+    # finite zeros without a bool mask and -inf with one; neither divides by zero (masked rows
+    # use _inverse's SAFE form) and they are never stored.
+    z = _load_x(x_ptrs, inb, EVICT).to(tl.float32)
+    if not POS_SCALE:
+        z = z * xf
     if MASK_KIND == 1:
         keep = tl.load(m_ptrs, mask=inb, other=0) != 0
         return tl.where(keep, z, float("-inf"))
     if MASK_KIND == 2:
-        z = z + tl.load(m_ptrs, mask=inb, other=0.0).to(tl.float32) * 1.4426950408889634
+        z = z + tl.load(m_ptrs, mask=inb, other=0.0).to(tl.float32) * mf
     return tl.where(col_ok, z, float("-inf"))
 
 
 @triton.jit
-def _normalise(z, SAFE: tl.constexpr, AXIS: tl.constexpr):
-    # softmax of the base-2 scores along AXIS, held whole (single-block and rows kernels).
+def _normalise(z, c, SAFE: tl.constexpr, AXIS: tl.constexpr, POS_SCALE: tl.constexpr):
+    # softmax of the scores along AXIS, held whole (single-block and rows kernels).
     row_max = _finite(tl.max(z, axis=AXIS, keep_dims=True))
-    e = tl.exp2(z - row_max)
+    e = _exp2_shifted(z, row_max, c, POS_SCALE)
     return e * _inverse(tl.sum(e, axis=AXIS, keep_dims=True), SAFE)
 
 
@@ -164,9 +195,10 @@ def _normalise(z, SAFE: tl.constexpr, AXIS: tl.constexpr):
 def _softmax_fwd_block(
     x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale,
     MASK_KIND: tl.constexpr, SAFE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    MASK_DIMS: tl.constexpr = MASK_ALL_DIMS,
+    MASK_DIMS: tl.constexpr = MASK_ALL_DIMS, POS_SCALE: tl.constexpr = False,
 ):  # fmt: skip
-    scale = _log2_scale(scale)
+    xf, mf = _x_factor(scale, POS_SCALE), _mask_factor(scale, POS_SCALE)
+    c = _exp_factor(scale, POS_SCALE)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols[None, :] < N
@@ -174,8 +206,10 @@ def _softmax_fwd_block(
     row_start = (rows.to(tl.int64) * N)[:, None]
     m_ptrs = (m_ptr + _mask_row_offset(rows.to(tl.int64), H, Q, smb, smh, smq, MASK_DIMS))[:, None]
     m_ptrs = m_ptrs + cols[None, :] * smk
-    z = _scores(x_ptr + row_start + cols[None, :], m_ptrs, inb, col_ok, scale, MASK_KIND)
-    y = _normalise(z, SAFE, 1).to(y_ptr.dtype.element_ty)
+    z = _scores(
+        x_ptr + row_start + cols[None, :], m_ptrs, inb, col_ok, xf, mf, MASK_KIND, POS_SCALE
+    )
+    y = _normalise(z, c, SAFE, 1, POS_SCALE).to(y_ptr.dtype.element_ty)
     tl.store(y_ptr + row_start + cols[None, :], y, mask=inb)
 
 
@@ -183,22 +217,23 @@ def _softmax_fwd_block(
 def _softmax_fwd_rows(
     x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale,
     MASK_KIND: tl.constexpr, SAFE: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
-    MASK_DIMS: tl.constexpr = MASK_ALL_DIMS,
+    MASK_DIMS: tl.constexpr = MASK_ALL_DIMS, POS_SCALE: tl.constexpr = False,
 ):  # fmt: skip
     # The single block made persistent: a grid of a few programs per SM, each taking rows
     # pid, pid + G, ... and, with STAGES > 1, Triton's software pipeliner loading the next rows
     # (cp.async, into shared memory) while this one is reduced and stored. The one-row block
     # has nothing in flight while it reduces, and a 32768-element row takes one 32-warp
     # program, alone on its SM. Where it is used and why: ROWS_LOOP.
-    scale = _log2_scale(scale)
+    xf, mf = _x_factor(scale, POS_SCALE), _mask_factor(scale, POS_SCALE)
+    c = _exp_factor(scale, POS_SCALE)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
     for r in tl.range(tl.program_id(0), M, tl.num_programs(0), num_stages=STAGES):
         row = r + tl.full([], 0, tl.int64)  # int64 addressing (the interpreter gives an int)
         m_row = m_ptr + _mask_row_offset(row, H, Q, smb, smh, smq, MASK_DIMS)
         m_ptrs = m_row + cols * smk
-        z = _scores(x_ptr + row * N + cols, m_ptrs, col_ok, col_ok, scale, MASK_KIND)
-        y = _normalise(z, SAFE, 0).to(y_ptr.dtype.element_ty)
+        z = _scores(x_ptr + row * N + cols, m_ptrs, col_ok, col_ok, xf, mf, MASK_KIND, POS_SCALE)
+        y = _normalise(z, c, SAFE, 0, POS_SCALE).to(y_ptr.dtype.element_ty)
         tl.store(y_ptr + row * N + cols, y, mask=col_ok)
 
 
@@ -207,9 +242,10 @@ def _softmax_fwd_loop(
     x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale,
     MASK_KIND: tl.constexpr, SAFE: tl.constexpr, BLOCK_N: tl.constexpr,
     L2_HINTS: tl.constexpr = False, CHUNK_STATS: tl.constexpr = False,
-    MASK_DIMS: tl.constexpr = MASK_ALL_DIMS,
+    MASK_DIMS: tl.constexpr = MASK_ALL_DIMS, POS_SCALE: tl.constexpr = False,
 ):  # fmt: skip
-    scale = _log2_scale(scale)
+    xf, mf = _x_factor(scale, POS_SCALE), _mask_factor(scale, POS_SCALE)
+    c = _exp_factor(scale, POS_SCALE)
     # Rows pid, pid + G, ... for a grid of G programs: one row each when G == M. A smaller grid
     # keeps fewer rows in flight, so a row's second read may come from L2 (softmax_forward's
     # `loop_programs`; it did not help on the H200, sessions 8-9). L2_HINTS keeps the first
@@ -236,11 +272,13 @@ def _softmax_fwd_loop(
             for start in range(0, N, BLOCK_N):
                 cols = start + tl.arange(0, BLOCK_N)
                 inb = cols < N
-                z = _scores(x_row + cols, m_row + cols * smk, inb, inb, scale, MASK_KIND,
-                            1 if L2_HINTS else 0)  # fmt: skip
+                z = _scores(x_row + cols, m_row + cols * smk, inb, inb, xf, mf, MASK_KIND,
+                            POS_SCALE, 1 if L2_HINTS else 0)  # fmt: skip
                 new_max = tl.maximum(row_max, tl.max(z, axis=0))
                 safe_max = _finite(new_max)
-                row_sum = row_sum * tl.exp2(row_max - safe_max) + tl.sum(tl.exp2(z - safe_max))
+                row_sum = row_sum * _exp2_shifted(row_max, safe_max, c, POS_SCALE) + tl.sum(
+                    _exp2_shifted(z, safe_max, c, POS_SCALE)
+                )
                 row_max = new_max
             row_max = _finite(row_max)
             inv = _inverse(row_sum, SAFE)
@@ -250,22 +288,26 @@ def _softmax_fwd_loop(
             for start in range(0, N, BLOCK_N):
                 cols = start + tl.arange(0, BLOCK_N)
                 inb = cols < N
-                z = _scores(x_row + cols, m_row + cols * smk, inb, inb, scale, MASK_KIND,
-                            1 if L2_HINTS else 0)  # fmt: skip
+                z = _scores(x_row + cols, m_row + cols * smk, inb, inb, xf, mf, MASK_KIND,
+                            POS_SCALE, 1 if L2_HINTS else 0)  # fmt: skip
                 new_max = tl.maximum(run_max, z)
                 safe_max = _finite(new_max)
-                run_sum = run_sum * tl.exp2(run_max - safe_max) + tl.exp2(z - safe_max)
+                run_sum = run_sum * _exp2_shifted(run_max, safe_max, c, POS_SCALE) + _exp2_shifted(
+                    z, safe_max, c, POS_SCALE
+                )
                 run_max = new_max
             row_max = _finite(tl.max(run_max, axis=0))
-            inv = _inverse(tl.sum(run_sum * tl.exp2(run_max - row_max), axis=0), SAFE)
+            inv = _inverse(
+                tl.sum(run_sum * _exp2_shifted(run_max, row_max, c, POS_SCALE), axis=0), SAFE
+            )
         chunks = tl.cdiv(N, BLOCK_N)
         for i in range(0, chunks):
             start = i * BLOCK_N
             cols = start + tl.arange(0, BLOCK_N)
             inb = cols < N
-            z = _scores(x_row + cols, m_row + cols * smk, inb, inb, scale, MASK_KIND,
-                        2 if L2_HINTS else 0)  # fmt: skip
-            y = (tl.exp2(z - row_max) * inv).to(y_ptr.dtype.element_ty)
+            z = _scores(x_row + cols, m_row + cols * smk, inb, inb, xf, mf, MASK_KIND,
+                        POS_SCALE, 2 if L2_HINTS else 0)  # fmt: skip
+            y = (_exp2_shifted(z, row_max, c, POS_SCALE) * inv).to(y_ptr.dtype.element_ty)
             if L2_HINTS:
                 tl.store(y_row + cols, y, mask=inb, cache_modifier=".cs")
             else:
@@ -454,6 +496,8 @@ def softmax_forward(
         return y
     m, n = common[3], common[4]
     dims = mask_dims(kind, m, *common[5:7], *common[7:10])
+    # Scaling inside exp2's FFMA needs a positive scale (_x_factor).
+    pos_scale = common[-1] > 0
     masked, itemsize = kind != MASK_NONE, x.element_size()
     explicit = rows_config is not None
     if not explicit and max_block_n == MAX_BLOCK_N:
@@ -469,7 +513,7 @@ def softmax_forward(
             # exit at once.
             launchable(_softmax_fwd_rows)[(per_sm * sms,)](
                 *common, MASK_KIND=kind, SAFE=safe, BLOCK_N=next_power_of_2(n), STAGES=stages,
-                MASK_DIMS=dims, num_warps=warps,
+                MASK_DIMS=dims, POS_SCALE=pos_scale, num_warps=warps,
             )  # fmt: skip
             return y
     long_loop = long_row_loop(n, masked, itemsize)
@@ -482,7 +526,7 @@ def softmax_forward(
         maxnreg = forward_maxnreg(n, masked, itemsize)
         launchable(_softmax_fwd_block)[(cdiv(m, block_m),)](
             *common, MASK_KIND=kind, SAFE=safe, BLOCK_M=block_m, BLOCK_N=block_n,
-            MASK_DIMS=dims, num_warps=num_warps,
+            MASK_DIMS=dims, POS_SCALE=pos_scale, num_warps=num_warps,
             **({} if maxnreg is None else {"maxnreg": maxnreg}),
         )  # fmt: skip
     else:
@@ -491,7 +535,7 @@ def softmax_forward(
         launchable(_softmax_fwd_loop)[(grid,)](
             *common, MASK_KIND=kind, SAFE=safe, BLOCK_N=min(loop_block_n, max_block_n),
             L2_HINTS=loop_l2_hints, CHUNK_STATS=loop_chunk_stats, MASK_DIMS=dims,
-            num_warps=loop_warps, **cap,
+            POS_SCALE=pos_scale, num_warps=loop_warps, **cap,
         )  # fmt: skip
     return y
 
