@@ -131,19 +131,31 @@ def _x_factor(scale, POS_SCALE: tl.constexpr):
     # z * c - max * c (_exp2_shifted): one multiply an element fewer, 19.4 against 20.7; a zero,
     # negative or NaN scale scales up front, scale * log2(e) * x + log2(e) * mask. The cast:
     # Inductor passes Python floats as fp64 (H200 run).
-    return 1.0 if POS_SCALE else tl.cast(scale, tl.float32) * 1.4426950408889634
+    if POS_SCALE:
+        f = 1.0
+    else:
+        f = tl.cast(scale, tl.float32) * 1.4426950408889634
+    return f
 
 
 @triton.jit
 def _mask_factor(scale, POS_SCALE: tl.constexpr):
     # What an additive mask is multiplied by (_x_factor).
-    return 1.0 / tl.cast(scale, tl.float32) if POS_SCALE else 1.4426950408889634
+    if POS_SCALE:
+        f = 1.0 / tl.cast(scale, tl.float32)
+    else:
+        f = 1.4426950408889634
+    return f
 
 
 @triton.jit
 def _exp_factor(scale, POS_SCALE: tl.constexpr):
     # What exp2's argument is multiplied by (_x_factor).
-    return tl.cast(scale, tl.float32) * 1.4426950408889634 if POS_SCALE else 1.0
+    if POS_SCALE:
+        f = tl.cast(scale, tl.float32) * 1.4426950408889634
+    else:
+        f = 1.0
+    return f
 
 
 @triton.jit
