@@ -109,14 +109,16 @@ def _mask_row_offset(row, H, Q, smb, smh, smq, DIMS: tl.constexpr):
 
 
 @triton.jit
-def _load_x(x_ptrs, inb, EVICT: tl.constexpr):
+def _load_x(x_ptrs, inb, EVICT: tl.constexpr, NEG_INF_PAD: tl.constexpr = False):
     # EVICT: 0 the default policy, 1 keep in L2 (evict_last), 2 stream (evict_first).
+    # NEG_INF_PAD: -inf where out of bounds (_scores), else 0.
+    other = float("-inf") if NEG_INF_PAD else 0.0
     if EVICT == 1:
-        x = tl.load(x_ptrs, mask=inb, other=0.0, eviction_policy="evict_last")
+        x = tl.load(x_ptrs, mask=inb, other=other, eviction_policy="evict_last")
     elif EVICT == 2:
-        x = tl.load(x_ptrs, mask=inb, other=0.0, eviction_policy="evict_first")
+        x = tl.load(x_ptrs, mask=inb, other=other, eviction_policy="evict_first")
     else:
-        x = tl.load(x_ptrs, mask=inb, other=0.0)
+        x = tl.load(x_ptrs, mask=inb, other=other)
     return x
 
 
@@ -176,18 +178,26 @@ def _scores(
 ):  # fmt: skip
     # x * xf + mask * mf in fp32 (_x_factor, _mask_factor); -inf past the row's end and where a
     # bool mask is False. A bool mask loads False past the row's end, which stands in for the
-    # column test (one select an element fewer). Padding rows of the last block (past M) load
-    # finite zeros without a bool mask and -inf with one; neither divides by zero (masked rows
-    # use _inverse's SAFE form) and they are never stored.
-    z = _load_x(x_ptrs, inb, EVICT).to(tl.float32)
-    if not POS_SCALE:
-        z = z * xf
+    # column test. Without one, with POS_SCALE, x is not multiplied, so it loads as -inf out of
+    # bounds and no column select is needed (bf16 softmax at 12672: 18.7 against 19.4
+    # instructions per element; the bool-masked forward lost 0.3 that way and keeps its
+    # loads). Padding rows of the last block (past M) are never stored; where they load -inf
+    # their sums are 0 and, without SAFE, their inverse inf (NaN, unstored).
     if MASK_KIND == 1:
+        z = _load_x(x_ptrs, inb, EVICT).to(tl.float32)
+        if not POS_SCALE:
+            z = z * xf
         keep = tl.load(m_ptrs, mask=inb, other=0) != 0
         return tl.where(keep, z, float("-inf"))
+    if POS_SCALE:
+        z = _load_x(x_ptrs, inb, EVICT, True).to(tl.float32)
+    else:
+        z = _load_x(x_ptrs, inb, EVICT).to(tl.float32) * xf
     if MASK_KIND == 2:
         z = z + tl.load(m_ptrs, mask=inb, other=0.0).to(tl.float32) * mf
-    return tl.where(col_ok, z, float("-inf"))
+    if not POS_SCALE:
+        z = tl.where(col_ok, z, float("-inf"))
+    return z
 
 
 @triton.jit
