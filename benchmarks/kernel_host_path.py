@@ -137,7 +137,9 @@ def measure(dtype_name: str, rows_n: int, cols: int) -> dict[str, Any]:
     block_m, block_n, warps = ks.forward_config(cols, False, x.element_size())
     grid = (triton.cdiv(rows_n, block_m),)
     args = (x, y, x, rows_n, cols, 1, 1, 0, 0, 0, 0, 1.0)
-    consts = dict(MASK_KIND=ks.MASK_NONE, SAFE=False, BLOCK_M=block_m, BLOCK_N=block_n)
+    # As the launcher launches it (softmax_forward): scale 1.0 is positive.
+    consts = dict(MASK_KIND=ks.MASK_NONE, SAFE=False, BLOCK_M=block_m, BLOCK_N=block_n,
+                  POS_SCALE=True)  # fmt: skip
 
     def bare() -> None:
         ks._softmax_fwd_block[grid](*args, **consts, num_warps=warps)
@@ -220,7 +222,10 @@ def masked_ladder(dtype_name: str, rows_n: int = 4096, cols: int = 2048) -> list
     grid = (triton.cdiv(rows_n, block_m),)
     h, q, strides = ks.mask_layout(shape, mask)
     args = (scores, y, mask, rows_n, cols, h, q, *strides, ATTN_SCALE)
-    consts = dict(MASK_KIND=ks.MASK_BOOL, SAFE=True, BLOCK_M=block_m, BLOCK_N=block_n)
+    # As the launcher launches it (softmax_forward): its mask's dimensions, a positive scale.
+    dims = ks.mask_dims(ks.MASK_BOOL, rows_n, h, q, *strides[:3])
+    consts = dict(MASK_KIND=ks.MASK_BOOL, SAFE=True, BLOCK_M=block_m, BLOCK_N=block_n,
+                  MASK_DIMS=dims, POS_SCALE=ATTN_SCALE > 0)  # fmt: skip
 
     def bare() -> None:
         ks._softmax_fwd_block[grid](*args, **consts, num_warps=warps)
@@ -228,7 +233,7 @@ def masked_ladder(dtype_name: str, rows_n: int = 4096, cols: int = 2048) -> list
     def bare_unmasked() -> None:
         ks._softmax_fwd_block[grid](scores, y, scores, rows_n, cols, 1, 1, 0, 0, 0, 0, 1.0,
                                     MASK_KIND=ks.MASK_NONE, SAFE=False, BLOCK_M=block_m,
-                                    BLOCK_N=block_n, num_warps=warps)  # fmt: skip
+                                    BLOCK_N=block_n, POS_SCALE=True, num_warps=warps)  # fmt: skip
 
     def launcher() -> None:
         with direct_launches():
