@@ -118,8 +118,41 @@ def test_a_call_slower_on_the_host_than_its_timing_is_flagged_launch_bound(fake_
     arms = doc["results"][0]["arms"]
     # A 3 ms sleep per call is at least 3000 us on any machine, past 80% of the faked 2 ms.
     assert arms["kiln"]["host_us"] >= 3000 and arms["kiln"]["launch_bound"] is True
-    host_cell = bench.format_table(doc).splitlines()[2].split()[-2]  # kiln host us, before looped
+    *_, host_cell, device_cell, _ = bench.format_table(doc).splitlines()[2].split()
     assert host_cell.endswith("*") and int(host_cell[:-1]) >= 3000
+    assert device_cell == "-"  # no device time off CUDA
+    assert "device_ms" not in arms["kiln"]
+
+
+def test_a_launch_bound_calls_device_time_is_shown_beside_it_and_judged_apart(
+    fake_timer, monkeypatch
+):
+    # The device time (kernels.bench._device_time, CUDA only) faked: 0.5 ms against do_bench's
+    # faked 2 ms, for a call made launch-bound by a 3 ms sleep.
+    real_build = _cases.build
+
+    def slow_build(*args, **kwargs):
+        case = real_build(*args, **kwargs)
+        fast = case.kiln
+        case.kiln = lambda: (time.sleep(0.003), fast())[1]
+        return case
+
+    monkeypatch.setattr(_cases, "build", slow_build)
+    monkeypatch.setattr(bench, "HOST_CALLS", 5)
+    monkeypatch.setattr(bench, "_device_time", lambda fn, host_us, device: {"device_ms": 0.5})
+    doc = bench.sweep(["softmax"], ["fwd"], ["fp32"], 8, [4096], with_compile=False,
+                      device="cpu")  # fmt: skip
+    kiln = doc["results"][0]["arms"]["kiln"]
+    assert kiln["device_gbps"] == pytest.approx(4 * kiln["gbps"])  # 2 ms / 0.5 ms
+    copy = doc["copy"][doc["results"][0]["copy"]]["gbps"]  # the copy also faked at 2 ms
+    # The softmax forward moves the copy's bytes, both timed at 2 ms: the kernel alone is 4x.
+    assert f"{kiln['device_gbps']:.0f} (400%)" in bench.format_table(doc).splitlines()[2]
+    doc["goals"] = _bench_script().check_goals(doc)
+    fwd_copy = next(v for v in doc["goals"] if "copy" in v["goal"])
+    # do_bench's figure decides the verdict; the kernel alone is reported beside it.
+    assert fwd_copy["ratios"] == {4096: pytest.approx(kiln["gbps"] / copy)}
+    assert fwd_copy["kiln_device_ratios"] == {4096: pytest.approx(4 * kiln["gbps"] / copy)}
+    assert "the kernel alone: worst 4.00x at N = 4096" in _bench_script().summary(doc)
 
 
 def _bench_script():

@@ -91,6 +91,51 @@ def host_us_per_call(fn: Callable[[], Any], device: str = "cuda") -> float:
     return elapsed / HOST_CALLS * 1e6
 
 
+# A launch-bound call's device time: how far past its host launch time the GPU is kept busy
+# before each start event, and the repetitions (median taken).
+DEVICE_SLEEP_MARGIN, DEVICE_REPS = 2.0, 50
+
+
+def _device_time(fn: Callable[[], Any], host_us: float, device: str = "cuda") -> dict:
+    """The call's device time with its launch hidden, for calls do_bench times as their host
+    launch path: do_bench's method (L2 flushed before each call, CUDA events around it) with the
+    GPU kept busy by a sleep kernel before each start event, for DEVICE_SLEEP_MARGIN times the
+    call's host time, so the call is queued before the GPU reaches it. do_bench's own flush (a
+    ~256 MB write, ~75 us on an H200) hides the launch only when the host is faster than that
+    (46-73 us a call in session 12). {} off CUDA; a failure is a reported status."""
+    if device != "cuda":
+        return {}
+    import statistics
+
+    import torch
+
+    try:
+        flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
+        # The sleep kernel counts clock cycles: calibrate cycles per microsecond once.
+        probe_cycles = 2_000_000
+        t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0.record()
+        torch.cuda._sleep(probe_cycles)
+        t1.record()
+        torch.cuda.synchronize()
+        cycles_per_us = probe_cycles / (t0.elapsed_time(t1) * 1e3)
+        sleep = int(cycles_per_us * max(50.0, DEVICE_SLEEP_MARGIN * host_us))
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(DEVICE_REPS)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(DEVICE_REPS)]
+        fn()
+        for start, end in zip(starts, ends, strict=True):
+            flush.zero_()
+            torch.cuda._sleep(sleep)
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()
+        ms = statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
+    except Exception as exc:  # noqa: BLE001 - reported beside the do_bench figure, which stands
+        return {"device_status": f"error: {type(exc).__name__}: {exc}"[:300]}
+    return {"device_ms": ms}
+
+
 def copy_ceiling(
     dtype_name: str, rows: int, cols: int, warmup_ms: float, rep_ms: float, device: str = "cuda"
 ) -> dict:
@@ -122,6 +167,10 @@ def _measure_arm(case: Any, fn: Callable[[], Any], warmup_ms: float, rep_ms: flo
     entry["host_us"] = host_us_per_call(fn, case.device)
     # do_bench's time is the host's, not the kernel's, when launching takes longer than running.
     entry["launch_bound"] = entry["host_us"] >= 0.8 * entry["ms"] * 1e3
+    if entry["launch_bound"]:
+        entry.update(_device_time(fn, entry["host_us"], case.device))
+        if entry.get("device_ms"):
+            entry["device_gbps"] = case.bytes / (entry["device_ms"] * 1e-3) / 1e9
     return entry
 
 
@@ -214,7 +263,8 @@ def _ratio(a: dict | None, b: dict | None) -> str:
 def format_table(doc: dict[str, Any]) -> str:
     """One line per measurement: GB/s of each implementation and kiln's ratios to them."""
     head = ["kernel", "dir", "dtype", "M x N", "kiln", "eager", "compile", "copy",
-            "kiln/copy", "kiln/eager", "kiln/compile", "kiln host us", "looped"]  # fmt: skip
+            "kiln/copy", "kiln/eager", "kiln/compile", "kiln host us", "kiln device",
+            "looped"]  # fmt: skip
     lines = [head]
     for r in doc["results"]:
         arms, copy = r["arms"], doc["copy"].get(r["copy"])
@@ -223,16 +273,26 @@ def format_table(doc: dict[str, Any]) -> str:
         lines.append([r["kernel"], r["direction"], r["dtype"], f"{r['rows']}x{r['cols']}",
                       _gbps(kiln), _gbps(arms.get("eager")), _gbps(arms.get("compile")),
                       _gbps(copy), pct, _ratio(kiln, arms.get("eager")),
-                      _ratio(kiln, arms.get("compile")), _host(kiln),
+                      _ratio(kiln, arms.get("compile")), _host(kiln), _device(kiln, copy),
                       _gbps(arms.get("kiln_loop")) if "kiln_loop" in arms else "-"])  # fmt: skip
     widths = [max(len(str(row[i])) for row in lines) for i in range(len(head))]
     text = ["  ".join(str(c).rjust(w) for c, w in zip(row, widths, strict=True)) for row in lines]
     text.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(text) + (
         "\n(GB/s; each kernel's compulsory bytes over its do_bench median; host us: one call's"
-        " launch path on the host, * where it is at least 80% of the measured time; looped:"
-        " kiln's looped online-softmax kernel at the same size, where measured)"
+        " launch path on the host, * where it is at least 80% of the measured time; kiln"
+        " device: for those, GB/s and % of copy over the device time with the launch hidden;"
+        " looped: kiln's looped online-softmax kernel at the same size, where measured)"
     )
+
+
+def _device(arm: dict | None, copy: dict | None) -> str:
+    if not arm or not arm.get("launch_bound"):
+        return "-"
+    if arm.get("device_gbps") is None:
+        return (arm.get("device_status") or "-").split(":")[0]
+    pct = f" ({100 * arm['device_gbps'] / copy['gbps']:.0f}%)" if copy and copy.get("gbps") else ""
+    return f"{arm['device_gbps']:.0f}{pct}"
 
 
 def _host(arm: dict | None) -> str:
