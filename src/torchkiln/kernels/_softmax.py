@@ -517,7 +517,7 @@ def softmax_forward(
     if x.numel() == 0:
         return y
     m, n = common[3], common[4]
-    dims = mask_dims(kind, m, *common[5:7], *common[7:10])
+    dims = mask_dims(kind, m, *common[5:10])  # H, Q and the three row strides
     # Scaling inside exp2's FFMA needs a positive scale (_x_factor).
     pos_scale = common[-1] > 0
     masked, itemsize = kind != MASK_NONE, x.element_size()
