@@ -272,6 +272,18 @@ phases-kernels)
   job kernels 270 python3 benchmarks/bench_kernels.py --out "$ROOT/kernels" --budget-s 230
   echo "$(date +%T) all done" >>"$ROOT/status.txt"
   ;;
+phases-kernels-retune)
+  # One GPU, ~6 minutes (session 14): the kernels' GPU tests after the literal MASK_DIMS default
+  # and the masked bf16 8-warp 16384 block, the forward's launch configurations at rows that are
+  # not a power of two (does bf16's rows kernel beat the padded block there, as at 12672?), then
+  # the bandwidth table with the kernel alone measured wherever the host took half the time.
+  nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
+  job kernels_tests 200 python3 -m pytest -q -m gpu tests/kernels
+  job kernel_configs 120 python3 benchmarks/kernel_configs.py --out "$ROOT/configs" --no-loop \
+    --skip-measured --no-bias-act --cols 10240 12672 14336 24576
+  job kernels 270 python3 benchmarks/bench_kernels.py --out "$ROOT/kernels" --budget-s 230
+  echo "$(date +%T) all done" >>"$ROOT/status.txt"
+  ;;
 phases-leftovers)
   # One GPU, ~14 minutes, alone: the kernels after their direct-launch fix (issue 6; session 5
   # found every eager forward call launch-bound), then what issue 8 still needs: bert-base

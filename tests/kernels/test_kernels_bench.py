@@ -152,7 +152,32 @@ def test_a_launch_bound_calls_device_time_is_shown_beside_it_and_judged_apart(
     # do_bench's figure decides the verdict; the kernel alone is reported beside it.
     assert fwd_copy["ratios"] == {4096: pytest.approx(kiln["gbps"] / copy)}
     assert fwd_copy["kiln_device_ratios"] == {4096: pytest.approx(4 * kiln["gbps"] / copy)}
-    assert "the kernel alone: worst 4.00x at N = 4096" in _bench_script().summary(doc)
+    assert "sizes, the kernel alone: worst 4.00x at N = 4096" in _bench_script().summary(doc)
+
+
+@pytest.mark.parametrize("host_us, measured", [(1300.0, True), (900.0, False)])
+def test_the_kernel_alone_is_measured_from_half_the_time_on_the_host(
+    fake_timer, monkeypatch, host_us, measured
+):
+    # do_bench is faked at 2 ms: 1.3 ms on the host (65%) is not starred launch-bound but gets
+    # its device time; 0.9 ms (45%) gets neither.
+    def device_time(fn, host, device):
+        assert measured, "device time measured below HOST_AFFECTED"
+        return {"device_ms": 0.5}
+
+    monkeypatch.setattr(bench, "host_us_per_call", lambda fn, device: host_us)
+    monkeypatch.setattr(bench, "_device_time", device_time)
+    doc = bench.sweep(["softmax"], ["fwd"], ["fp32"], 8, [4096], with_compile=False,
+                      device="cpu")  # fmt: skip
+    kiln = doc["results"][0]["arms"]["kiln"]
+    assert kiln["launch_bound"] is False
+    row = bench.format_table(doc).splitlines()[2]
+    assert f" {host_us:.0f} " in row and "*" not in row
+    if measured:
+        assert kiln["device_gbps"] == pytest.approx(4 * kiln["gbps"])
+        assert "(400%)" in row
+    else:
+        assert "device_gbps" not in kiln and "device_ms" not in kiln
 
 
 def _bench_script():

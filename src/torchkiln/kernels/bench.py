@@ -94,6 +94,11 @@ def host_us_per_call(fn: Callable[[], Any], device: str = "cuda") -> float:
 # A launch-bound call's device time: how far past its host launch time the GPU is kept busy
 # before each start event, and the repetitions (median taken).
 DEVICE_SLEEP_MARGIN, DEVICE_REPS = 2.0, 50
+# Host time over do_bench's time from which a call is starred launch-bound, and from which its
+# device time is measured too. Half: on the H200 (session 14) kiln's fp32 softmax at 4096 x 4096
+# took 36 us on the host against 52 us measured (69%, unstarred) and read 71% of the copy, where
+# its kernel alone ran at 95-99% (benchmarks/kernel_configs.py, same lease).
+LAUNCH_BOUND, HOST_AFFECTED = 0.8, 0.5
 
 
 def _device_time(fn: Callable[[], Any], host_us: float, device: str = "cuda") -> dict:
@@ -166,8 +171,8 @@ def _measure_arm(case: Any, fn: Callable[[], Any], warmup_ms: float, rep_ms: flo
     entry["gbps"] = case.bytes / (entry["ms"] * 1e-3) / 1e9
     entry["host_us"] = host_us_per_call(fn, case.device)
     # do_bench's time is the host's, not the kernel's, when launching takes longer than running.
-    entry["launch_bound"] = entry["host_us"] >= 0.8 * entry["ms"] * 1e3
-    if entry["launch_bound"]:
+    entry["launch_bound"] = entry["host_us"] >= LAUNCH_BOUND * entry["ms"] * 1e3
+    if entry["host_us"] >= HOST_AFFECTED * entry["ms"] * 1e3:
         entry.update(_device_time(fn, entry["host_us"], case.device))
         if entry.get("device_ms"):
             entry["device_gbps"] = case.bytes / (entry["device_ms"] * 1e-3) / 1e9
@@ -281,16 +286,15 @@ def format_table(doc: dict[str, Any]) -> str:
     return "\n".join(text) + (
         "\n(GB/s; each kernel's compulsory bytes over its do_bench median; host us: one call's"
         " launch path on the host, * where it is at least 80% of the measured time; kiln"
-        " device: for those, GB/s and % of copy over the device time with the launch hidden;"
+        " device: where it is at least half, GB/s and % of copy over the device time with the"
+        " launch hidden;"
         " looped: kiln's looped online-softmax kernel at the same size, where measured)"
     )
 
 
 def _device(arm: dict | None, copy: dict | None) -> str:
-    if not arm or not arm.get("launch_bound"):
-        return "-"
-    if arm.get("device_gbps") is None:
-        return (arm.get("device_status") or "-").split(":")[0]
+    if not arm or arm.get("device_gbps") is None:
+        return (arm or {}).get("device_status", "-").split(":")[0]
     pct = f" ({100 * arm['device_gbps'] / copy['gbps']:.0f}%)" if copy and copy.get("gbps") else ""
     return f"{arm['device_gbps']:.0f}{pct}"
 
