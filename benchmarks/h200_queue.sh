@@ -284,6 +284,16 @@ phases-kernels-retune)
   job kernels 270 python3 benchmarks/bench_kernels.py --out "$ROOT/kernels" --budget-s 230
   echo "$(date +%T) all done" >>"$ROOT/status.txt"
   ;;
+phases-kernels-final)
+  # One GPU, ~6 minutes (session 14): the GPU tests and the bandwidth table after the bf16 rows
+  # kernel for padded 8193-16383 rows and the median host time, then where one eager call's host
+  # time goes on this lease (functional API, op body, launcher, bare launch, compiled launcher).
+  nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
+  job kernels_tests 200 python3 -m pytest -q -m gpu tests/kernels
+  job kernels 270 python3 benchmarks/bench_kernels.py --out "$ROOT/kernels" --budget-s 230
+  job kernel_host_path 90 python3 benchmarks/kernel_host_path.py --out "$ROOT/host" --cols 2048
+  echo "$(date +%T) all done" >>"$ROOT/status.txt"
+  ;;
 phases-leftovers)
   # One GPU, ~14 minutes, alone: the kernels after their direct-launch fix (issue 6; session 5
   # found every eager forward call launch-bound), then what issue 8 still needs: bert-base

@@ -308,3 +308,12 @@ def test_the_looped_alternative_calls_the_looped_kernels(kernel, direction, laun
         assert args[1] is mask and args[2] == scale and kwargs["safe"]
     if direction == "bwd":
         assert args[1] is case.args[1] and args[2] == case.args[2]
+
+
+def test_host_time_is_a_median_of_batches_so_one_stalled_batch_does_not_set_it(monkeypatch):
+    monkeypatch.setattr(bench, "HOST_CALLS", 5)
+    monkeypatch.setattr(bench, "HOST_BATCHES", 5)  # one call a batch
+    sleeps = iter([0.060, 0.001, 0.001, 0.001, 0.001])
+    us = bench.host_us_per_call(lambda: time.sleep(next(sleeps)), device="cpu")
+    # The mean of the five would be at least 12.8 ms; the median is a 1 ms call.
+    assert 1000 <= us < 10_000

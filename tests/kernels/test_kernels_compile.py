@@ -224,6 +224,11 @@ def test_block_configs_hold_16_values_per_thread():
     assert rows(32768, masked=True, itemsize=4) == rows(20000, True, 2) == (32, 1, 1)
     assert rows(32768, False, 4) is None and rows(16384, True, 2) is None
     assert rows(32769, False, 2) is None and rows(65536, True, 4) is None
+    # And 2-byte rows of 8193-16383 without a mask, padded in a 16384-element block (session 14:
+    # 87-90% of the copy against the block's 78-86% at 10240 and 12672).
+    assert rows(12672, masked=False, itemsize=2) == rows(8193, False, 2) == (16, 2, 3)
+    assert rows(16384, False, 2) is None and rows(8192, False, 2) is None
+    assert rows(12672, False, 4) is None and rows(12672, True, 2) is None
     # The masked fp32 forward in 16384-element blocks runs under a 64-register cap (87% of the
     # copy against 73-84% uncapped); nothing else is capped.
     cap = _softmax.forward_maxnreg

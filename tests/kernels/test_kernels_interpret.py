@@ -79,9 +79,10 @@ def test_looped_forward_with_fewer_programs_than_rows_covers_every_row(interpret
 def test_long_rows_take_their_kernels_and_compute_softmax(interpreted, dtype):
     # Rows over 16384 columns without a mask take LONG_ROW_LOOP's 16384- or 8192-long chunks,
     # the last one partial, except bf16 rows of up to 32768, which take the persistent rows
-    # kernel (ROWS_LOOP); masked rows of 20000 take the rows kernel at both dtypes. Checked
-    # against torch as every other path.
-    for cols in (20000, 40000):
+    # kernel (ROWS_LOOP), as do bf16 rows of 10000 (ROWS_LOOP_PADDED; fp32 takes the block);
+    # masked rows of 20000 take the rows kernel at both dtypes. Checked against torch as every
+    # other path.
+    for cols in (10000, 20000, 40000):
         x = _randn((1, 1, 3, cols), dtype)
         y = interpreted("_softmax", "softmax_forward", x)
         assert_close(y, softmax_ref(x), dtype, f"{cols} columns")

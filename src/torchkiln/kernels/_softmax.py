@@ -61,6 +61,12 @@ LONG_ROW_LOOP = {4: (16384, 32), 2: (8192, 16)}
 # 83% and bf16 66% at 32 warps, one program an SM, no pipelining (the block 77% / 62%). fp32
 # without a mask keeps the chunk-statistics loop (97%; rows 92%). fp16 takes bf16's (unmeasured).
 ROWS_LOOP = {(False, 2): (16, 2, 3), (True, 4): (32, 1, 1), (True, 2): (32, 1, 1)}
+# Rows of 8193-16383 elements, whose 16384-element block is padded, that the rows kernel takes.
+# H200, session 14 (kernel_configs.py, 4096 rows, % of the copy, the block's best warps against
+# the rows kernel at 16 warps, 2 programs an SM, 3 stages): bf16 without a mask at 10240 78 / 87,
+# 12672 86 / 89 (87 / 90 on another lease), 14336 91 / 90; at 16384, unpadded, the block
+# leads (94 / 90). fp32 blocks ran 97-98% there; masked, the rows kernel ran 41-75%.
+ROWS_LOOP_PADDED = {(False, 2): (16, 2, 3)}
 # The masked fp32 forward in 16384-element blocks (rows of 8193-16384) at 16 warps and at most 64
 # registers a thread, so two programs share an SM (uncapped it took more than 64): H200, session
 # 10, 87% of the copy ceiling at 4096 x 12672 and 4096 x 16384 against 73% and 84% uncapped.
@@ -421,7 +427,10 @@ def long_row_loop(n_cols: int, masked: bool, itemsize: int) -> tuple[int, int] |
 
 def rows_loop(n_cols: int, masked: bool, itemsize: int) -> tuple[int, int, int] | None:
     """(warps, programs per SM, stages) of the persistent rows kernel where rows of `n_cols` take
-    it (ROWS_LOOP: rows held in a 32768-element block), else None."""
+    it (ROWS_LOOP: rows held in a 32768-element block; ROWS_LOOP_PADDED: rows a 16384-element
+    block holds with padding), else None."""
+    if MAX_BLOCK_N // 4 < n_cols < MAX_BLOCK_N // 2:
+        return ROWS_LOOP_PADDED.get((masked, itemsize))
     if not MAX_BLOCK_N // 2 < n_cols <= MAX_BLOCK_N:
         return None
     return ROWS_LOOP.get((masked, itemsize))

@@ -70,25 +70,32 @@ def _do_bench(fn: Callable[[], Any], warmup_ms: float, rep_ms: float) -> dict[st
     return {"ms": median, "ms_p20": p20, "ms_p80": p80}
 
 
-# Calls timed on the host, back to back with no synchronisation: the Python launch path's cost.
-HOST_CALLS = 200
+# Calls timed on the host, back to back with no synchronisation: the Python launch path's cost,
+# as the median of HOST_BATCHES batches' means. One 200-call mean read the same arm at 24-63 us
+# across one table on the H200's host (session 14); a median sheds a batch a neighbour slowed.
+HOST_CALLS, HOST_BATCHES = 200, 5
 
 
 def host_us_per_call(fn: Callable[[], Any], device: str = "cuda") -> float:
     """Host time of one call when nothing waits for the device. Where it is longer than the
     device time, the do_bench figure measures this launch path, not the kernel (seen on the
     H200 for short rows: kiln's bf16 softmax at 4096 x 2048 read 530 GB/s, below N = 1024)."""
+    import statistics
+
     import torch
 
+    per_batch = max(1, HOST_CALLS // HOST_BATCHES)
+    means = []
+    for _ in range(HOST_BATCHES):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(per_batch):
+            fn()
+        means.append((time.perf_counter() - start) / per_batch * 1e6)
     if device == "cuda":
         torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(HOST_CALLS):
-        fn()
-    elapsed = time.perf_counter() - start
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return elapsed / HOST_CALLS * 1e6
+    return statistics.median(means)
 
 
 # A launch-bound call's device time: how far past its host launch time the GPU is kept busy
