@@ -139,6 +139,7 @@ def measure(dtype_name: str, rows_n: int, cols: int) -> dict[str, Any]:
     args = (x, y, x, rows_n, cols, 1, 1, 0, 0, 0, 0, 1.0)
     # As the launcher launches it (softmax_forward): scale 1.0 is positive.
     consts = dict(MASK_KIND=ks.MASK_NONE, SAFE=False, BLOCK_M=block_m, BLOCK_N=block_n,
+                  MASK_DIMS=ks.mask_dims(ks.MASK_NONE, rows_n, 1, 1, 0, 0, 0),
                   POS_SCALE=True)  # fmt: skip
 
     def bare() -> None:
@@ -181,7 +182,10 @@ def measure(dtype_name: str, rows_n: int, cols: int) -> dict[str, Any]:
         # A CompiledKernel's launcher indexes all three grid dimensions (session 7: a 1-tuple
         # raised IndexError on Triton 3.6).
         grid3 = (*grid, 1, 1)[:3]
-        with_consts = (*args, ks.MASK_NONE, False, block_m, block_n)
+        # Every constexpr in the kernel's order (session 14: two added to the kernel since
+        # left this call two short, a TypeError on the H200).
+        params = ks._softmax_fwd_block.params
+        with_consts = (*args, *(consts[p.name] for p in params if p.is_constexpr))
         _attempt("compiled[grid](args)", lambda: compiled[grid3](*args), ref, y, layers)
         _attempt("compiled[grid](args + constexprs)", lambda: compiled[grid3](*with_consts), ref,
                  y, layers)  # fmt: skip
