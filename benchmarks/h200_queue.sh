@@ -294,6 +294,15 @@ phases-kernels-final)
   job kernel_host_path 90 python3 benchmarks/kernel_host_path.py --out "$ROOT/host" --cols 2048
   echo "$(date +%T) all done" >>"$ROOT/status.txt"
   ;;
+phases-bias-tiles)
+  # One GPU, ~2 minutes (session 14): the bias_act_scale forward's tiles (kernel_configs.py
+  # BIAS_FWD_TILES) and the host path's compiled-launcher rung after its fix.
+  nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
+  job kernel_configs 150 python3 benchmarks/kernel_configs.py --out "$ROOT/configs" \
+    --bias-act-only --bias-act-tiles 2048 4096 12672 16384
+  job kernel_host_path 90 python3 benchmarks/kernel_host_path.py --out "$ROOT/host" --cols 2048
+  echo "$(date +%T) all done" >>"$ROOT/status.txt"
+  ;;
 phases-leftovers)
   # One GPU, ~14 minutes, alone: the kernels after their direct-launch fix (issue 6; session 5
   # found every eager forward call launch-bound), then what issue 8 still needs: bert-base

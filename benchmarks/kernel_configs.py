@@ -137,6 +137,12 @@ BIAS_BWD_ARMS = (
     ("2x1024/w8 prefetch r64 512 programs", {"target_programs": 512}),
 )  # fmt: skip
 BIAS_BWD_COLS = (4096, 12672)
+# Session 14: the bias_act_scale forward's tiles, (BLOCK_M, BLOCK_N, warps); tile_config's is
+# 4 x 1024 at 8 warps from 1024 columns on. The bf16 GELU forward ran at 88% of the copy at
+# 12672 against 90-91% at 8192, 16384 and 32768: 12672 columns take 13 tiles of 1024, the last
+# 38% full (95% of the lanes busy, in an issue-bound kernel), where 512-column tiles leave 1%
+# idle. The others trade rows for warps or values a thread.
+BIAS_FWD_TILES = ((4, 1024, 8), (8, 512, 8), (2, 1024, 4), (4, 1024, 4), (8, 1024, 8), (2, 2048, 8))
 
 
 def _bench(fn: Any) -> float:
@@ -388,6 +394,39 @@ def measure_bias_act_bwd(dtype_name: str, cols: int) -> dict[str, Any]:
     return out
 
 
+def measure_bias_act_tiles(dtype_name: str, cols: int) -> dict[str, Any]:
+    """bias_act_scale's GELU forward under each BIAS_FWD_TILES tile, launched bare and checked
+    against torch's fp32 GELU, at 4096 x `cols`."""
+    import torch
+
+    from torchkiln.kernels._bias_act import FWD_TILE, bias_act_forward, tile_config
+    from torchkiln.kernels._launch import direct_launches
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
+    x = torch.randn(ROWS, cols, device="cuda").to(dtype)
+    bias = torch.randn(cols, device="cuda").to(dtype)
+    dst = torch.empty_like(x)
+    copy_gbps = 2 * x.numel() * x.element_size() / (_bench(lambda: dst.copy_(x)) * 1e-3) / 1e9
+    nbytes = 2 * x.numel() * x.element_size() + bias.numel() * bias.element_size()
+    out: dict[str, Any] = {"kernel": "bias_act_scale fwd tiles", "dtype": dtype_name,
+                           "rows": ROWS, "cols": cols, "bytes": nbytes, "copy_gbps": copy_gbps,
+                           "default": list(tile_config(cols, FWD_TILE)), "arms": {}}  # fmt: skip
+    ref = torch.nn.functional.gelu(x.float() + bias.float()) * 0.5
+    scale = ref.abs().max().item()
+    for tile in BIAS_FWD_TILES:
+
+        def run(t: tuple = tile) -> Any:
+            with direct_launches():
+                return bias_act_forward(x, bias, "gelu", 0.5, tile=t)
+
+        def error(f: Any = run) -> float:  # relative to the largest reference value
+            return (f().float() - ref).abs().max().item() / scale
+
+        name = "{}x{}/w{}".format(*tile)
+        out["arms"][name] = _time_arm(run, error, TOL[dtype_name], nbytes, copy_gbps)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="folder for kernel_configs.json")
@@ -401,6 +440,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="bias_act_scale's backward launches (BIAS_BWD_ARMS), before the rows",
     )
+    p.add_argument("--bias-act-tiles", type=int, nargs="*", metavar="COLS",
+                   help="bias_act_scale's forward under each BIAS_FWD_TILES tile at these row "
+                        "lengths, before the rows")  # fmt: skip
     p.add_argument("--skip-measured", action="store_true",
                    help="leave out the arms sessions 7-11 measured below the defaults "
                         "(LOOP_CONFIGS, PERSISTENT, ROW_PAIRS)")  # fmt: skip
@@ -427,6 +469,11 @@ def main(argv: list[str] | None = None) -> int:
         for c in BIAS_BWD_COLS
         for d in ("bf16", "fp32")
         if args.bias_act_bwd
+    ]
+    jobs += [
+        (f"bias_act_scale fwd tiles {d} 4096x{c}", lambda d=d, c=c: measure_bias_act_tiles(d, c))
+        for c in args.bias_act_tiles or ()
+        for d in ("bf16", "fp32")
     ]
     loops, measured = not args.no_loop, not args.skip_measured
     for cols in [] if args.bias_act_only else args.cols:

@@ -18,8 +18,9 @@ bundled cuobjdump, and counts the instructions of the whole (loop-free) kernel o
 elements one thread handles, with the integer arguments specialised as at the bench's launch
 (compile_sm90). It also counts the softmax forward at 12672 columns (the single block padded to
 16384, which fp32 and the masked forward run there; since session 14 the bf16 softmax takes the
-persistent rows kernel at that length, _softmax.ROWS_LOOP_PADDED; session 8 also counted a kernel holding the row as power-of-two pieces, 21.7 against
-25.9 at bf16, which then ran slower on the H200 and was removed in session 9). Writes
+persistent rows kernel at that length, _softmax.ROWS_LOOP_PADDED; session 8 also counted a
+kernel holding the row as power-of-two pieces, 21.7 against 25.9 at bf16, which then ran slower
+on the H200 and was removed in session 9). Writes
 DIR/kernel_sass.json with the environment and prints a table last. Needs the `triton` extra.
 """
 

@@ -223,16 +223,22 @@ def tile_config(n_cols: int, tile: int) -> tuple[int, int, int]:
 
 
 def bias_act_forward(
-    x: torch.Tensor, bias: torch.Tensor, act: str, scale: float, code: int | None = None
+    x: torch.Tensor,
+    bias: torch.Tensor,
+    act: str,
+    scale: float,
+    code: int | None = None,
+    tile: tuple[int, int, int] | None = None,
 ) -> torch.Tensor:
     """act(x + bias) * scale; `x` contiguous [..., N], `bias` [N] of x's dtype. `code` forces
-    the kernel's ACT (benchmarks/kernel_configs.py times tl.erf against the polynomial)."""
+    the kernel's ACT (benchmarks/kernel_configs.py times tl.erf against the polynomial), `tile`
+    the (BLOCK_M, BLOCK_N, warps) that tile_config would choose (kernel_configs.py times tiles)."""
     n = x.shape[-1]
     y = torch.empty_like(x)
     if x.numel() == 0:
         return y
     m = x.numel() // n
-    block_m, block_n, num_warps = tile_config(n, FWD_TILE)
+    block_m, block_n, num_warps = tile_config(n, FWD_TILE) if tile is None else tile
     grid = (cdiv(m, block_m), cdiv(n, block_n))
     launchable(_bias_act_fwd)[grid](
         x, bias, y, m, n, float(scale),
