@@ -225,7 +225,6 @@ def test_bias_act_kernels_match_reference(interpreted, shape, dtype, act):
     assert_close(db, db_ref, dtype, f"{act} dbias", sum_atol(dx_ref, rows) + rows * dz_atol)
 
 
-
 @pytest.mark.parametrize("tile", [(8, 512, 8), (2, 2048, 8), (1, 64, 1)], ids=str)
 def test_bias_act_forward_is_exact_under_any_tile(interpreted, tile):
     # kernel_configs.py times tiles other than tile_config's; each must cover the partial
@@ -234,6 +233,7 @@ def test_bias_act_forward_is_exact_under_any_tile(interpreted, tile):
     bias = _randn((781,), torch.float32, seed=3)
     y = interpreted("_bias_act", "bias_act_forward", x, bias, "gelu", 0.7, tile=tile)
     assert_close(y, bias_act_ref(x, bias, "gelu", 0.7), torch.float32, f"tile {tile}")
+
 
 def test_gelu_erfc_polynomial_is_exact_gelu_to_fp32_precision_in_both_tails(interpreted):
     # The polynomial the 2-byte dtypes take (_gelu_cdf), forced on fp32 so its own error shows:
