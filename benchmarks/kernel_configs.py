@@ -141,7 +141,10 @@ BIAS_BWD_COLS = (4096, 12672)
 # 4 x 1024 at 8 warps from 1024 columns on. The bf16 GELU forward ran at 88% of the copy at
 # 12672 against 90-91% at 8192, 16384 and 32768: 12672 columns take 13 tiles of 1024, the last
 # 38% full (95% of the lanes busy, in an issue-bound kernel), where 512-column tiles leave 1%
-# idle. The others trade rows for warps or values a thread.
+# idle. The others trade rows for warps or values a thread. Measured (kernels-h200/session14/
+# tiles/): 2 x 1024 at 4 warps won every bf16 case (2048-16384: 95 / 88 / 91 / 94% against
+# 91 / 86 / 86 / 91%), 512-column tiles none (12672: 84%); fp32 kept 4 x 1024 (92-94%).
+# _bias_act.forward_tile since.
 BIAS_FWD_TILES = ((4, 1024, 8), (8, 512, 8), (2, 1024, 4), (4, 1024, 4), (8, 1024, 8), (2, 2048, 8))
 
 
@@ -399,7 +402,7 @@ def measure_bias_act_tiles(dtype_name: str, cols: int) -> dict[str, Any]:
     against torch's fp32 GELU, at 4096 x `cols`."""
     import torch
 
-    from torchkiln.kernels._bias_act import FWD_TILE, bias_act_forward, tile_config
+    from torchkiln.kernels._bias_act import bias_act_forward, forward_tile
     from torchkiln.kernels._launch import direct_launches
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
@@ -410,7 +413,8 @@ def measure_bias_act_tiles(dtype_name: str, cols: int) -> dict[str, Any]:
     nbytes = 2 * x.numel() * x.element_size() + bias.numel() * bias.element_size()
     out: dict[str, Any] = {"kernel": "bias_act_scale fwd tiles", "dtype": dtype_name,
                            "rows": ROWS, "cols": cols, "bytes": nbytes, "copy_gbps": copy_gbps,
-                           "default": list(tile_config(cols, FWD_TILE)), "arms": {}}  # fmt: skip
+                           "default": list(forward_tile(cols, x.element_size())),
+                           "arms": {}}  # fmt: skip
     ref = torch.nn.functional.gelu(x.float() + bias.float()) * 0.5
     scale = ref.abs().max().item()
     for tile in BIAS_FWD_TILES:

@@ -222,6 +222,18 @@ def tile_config(n_cols: int, tile: int) -> tuple[int, int, int]:
     return block_m, block_n, max(1, min(8, block_m * block_n // (32 * per_thread)))
 
 
+def forward_tile(n_cols: int, itemsize: int) -> tuple[int, int, int]:
+    """The forward's tile: tile_config's, except that 2-byte rows of 1024 columns or more take
+    half its rows at half its warps (2 x 1024 at 4 warps, still 16 values a thread). H200,
+    session 14 (benchmarks/kernel_configs.py --bias-act-tiles, GELU, % of the copy at 4096 x
+    2048 / 4096 / 12672 / 16384): bf16 95 / 88 / 91 / 94 against 4 x 1024 at 8 warps' 91 / 86 /
+    86 / 91; fp32 89 / 90 / 91 / 92 against 92 / 94 / 92 / 93, so fp32 keeps 4 x 1024."""
+    block_m, block_n, warps = tile_config(n_cols, FWD_TILE)
+    if itemsize == 2 and block_n == MAX_BLOCK_N:
+        return max(1, block_m // 2), block_n, max(1, warps // 2)
+    return block_m, block_n, warps
+
+
 def bias_act_forward(
     x: torch.Tensor,
     bias: torch.Tensor,
@@ -232,13 +244,13 @@ def bias_act_forward(
 ) -> torch.Tensor:
     """act(x + bias) * scale; `x` contiguous [..., N], `bias` [N] of x's dtype. `code` forces
     the kernel's ACT (benchmarks/kernel_configs.py times tl.erf against the polynomial), `tile`
-    the (BLOCK_M, BLOCK_N, warps) that tile_config would choose (kernel_configs.py times tiles)."""
+    the (BLOCK_M, BLOCK_N, warps) that forward_tile would choose (kernel_configs.py times tiles)."""
     n = x.shape[-1]
     y = torch.empty_like(x)
     if x.numel() == 0:
         return y
     m = x.numel() // n
-    block_m, block_n, num_warps = tile_config(n, FWD_TILE) if tile is None else tile
+    block_m, block_n, num_warps = forward_tile(n, x.element_size()) if tile is None else tile
     grid = (cdiv(m, block_m), cdiv(n, block_n))
     launchable(_bias_act_fwd)[grid](
         x, bias, y, m, n, float(scale),
