@@ -189,6 +189,27 @@ def measure(dtype_name: str, rows_n: int, cols: int) -> dict[str, Any]:
         _attempt("compiled[grid](args)", lambda: compiled[grid3](*args), ref, y, layers)
         _attempt("compiled[grid](args + constexprs)", lambda: compiled[grid3](*with_consts), ref,
                  y, layers)  # fmt: skip
+        # What a kiln-side launch cache would cost: a key holding what Triton specialises on
+        # (each pointer's dtype and 16-byte alignment, each int's == 1 and % 16, the launch
+        # options), a dict lookup, the compiled launcher. Session 14: measured before building.
+        cache = {}
+
+        def spec(v: Any) -> tuple:
+            if isinstance(v, torch.Tensor):
+                return (v.dtype, v.data_ptr() % 16 == 0)
+            if isinstance(v, int):
+                return (v == 1, v % 16 == 0)
+            return (type(v),)
+
+        def key_of() -> tuple:
+            return (*(spec(a) for a in args), *consts.values(), warps, x.device.index)
+
+        cache[key_of()] = compiled
+
+        def keyed() -> None:
+            cache[key_of()][grid3](*with_consts)
+
+        _attempt("kiln key + compiled launcher", keyed, ref, y, layers)
 
     nbytes = 2 * x.numel() * x.element_size()
     return {
