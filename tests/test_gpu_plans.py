@@ -18,7 +18,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 QUEUE = ROOT / "benchmarks" / "h200_queue.sh"
-PLANS = ["session2", "zoo", "zoo-rest", "tune", "tune-infer", "tune-train", "leftovers", "session6"]
+PLANS = [
+    "session2", "zoo", "zoo-rest", "tune", "tune-infer", "tune-train", "leftovers", "session6",
+    "tune-parallel", "tune-parallel-train", "kernels", "kernels-retune", "kernels-final",
+    "bias-tiles",
+]  # fmt: skip
 
 # Runs a script as __main__ but stops at its first parse_args: exit 0 if the options parse,
 # argparse's exit 2 (with its message) if not.
