@@ -84,9 +84,11 @@ ROW_PAIRS = ((2, 32), (2, 16))
 # (kernels-h200/session12/configs/stream/): 23 of 26 arms lost or tied, 3 gained about a
 # point (bf16 32768; masked bf16 12672 w16 69% either way, fp32 16384 w16 82% against 84%),
 # so the mask is not being reread from DRAM; the variant was removed.
+# Session 14 added 4-stage pipelines: the bf16 softmax at 32768 ran 67-71% at 2 stages and
+# 89-90% at 3, so does a deeper one keep more in flight?
 ROWS_PIPELINED = (
     (8, 2, 2), (8, 4, 2), (16, 1, 1), (16, 1, 2), (16, 2, 2), (16, 2, 3),
-    (32, 1, 1), (32, 1, 2), (32, 1, 3), (32, 2, 2),
+    (32, 1, 1), (32, 1, 2), (32, 1, 3), (32, 2, 2), (16, 1, 4), (16, 2, 4), (32, 1, 4),
 )  # fmt: skip
 # Session 13 measured a masked forward that loaded its query's mask row once for several heads
 # (the bench's 16 heads share a [1, 1, Q, K] mask), the next head's scores pipelined in
