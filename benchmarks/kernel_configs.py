@@ -85,7 +85,10 @@ ROW_PAIRS = ((2, 32), (2, 16))
 # point (bf16 32768; masked bf16 12672 w16 69% either way, fp32 16384 w16 82% against 84%),
 # so the mask is not being reread from DRAM; the variant was removed.
 # Session 14 added 4-stage pipelines: the bf16 softmax at 32768 ran 67-71% at 2 stages and
-# 89-90% at 3, so does a deeper one keep more in flight?
+# 89-90% at 3, so does a deeper one keep more in flight? No (kernels-h200/session14/stages4/):
+# bf16 softmax 32768 89-90% at 4 stages against 90% at 3; bf16 12672 80-90% against 89%; fp32
+# and masked fp32 at 32768 fail to launch from 3 stages (shared memory); masked bf16 32768 did
+# not launch at 4 (73% at w16 2/SM s3, the default w32 1/SM s1 70%).
 ROWS_PIPELINED = (
     (8, 2, 2), (8, 4, 2), (16, 1, 1), (16, 1, 2), (16, 2, 2), (16, 2, 3),
     (32, 1, 1), (32, 1, 2), (32, 1, 3), (32, 2, 2), (16, 1, 4), (16, 2, 4), (32, 1, 4),
