@@ -182,33 +182,15 @@ def _inputs(dtype: Any, cols: int, kind: str) -> dict[str, Any]:
             "mask_bytes": mask.numel()}  # fmt: skip
 
 
-# Session 14: the masked forward in Gluon with one layout from loads to store (gluon_masked.py:
-# kiln's Triton kernel converts its output through shared memory before the store), (values a
-# thread, warps).
-GLUON_ARMS = ((16, 8), (8, 16), (16, 16), (32, 8), (16, 32), (32, 32))
-
-
-def _gluon_arms(x: Any, mask: Any, scale: float, y: Any, block_n: int) -> list[tuple[str, Any]]:
-    try:
-        import gluon_masked
-    except ImportError as exc:  # this Triton has no Gluon: a reported arm, not a crash
-        message = f"{type(exc).__name__}: {exc}"
-
-        def missing() -> None:
-            raise RuntimeError(message)
-
-        return [("gluon", missing)]
-    arms = []
-    for vec, warps in GLUON_ARMS:
-        # The layout no wider than the row, at most 64 values a thread (more spill).
-        if vec * 32 * warps > block_n or block_n // (32 * warps) > 64:
-            continue
-
-        def gluon(v: int = vec, w: int = warps) -> None:
-            gluon_masked.masked_forward(x, mask, scale, v, w, y)
-
-        arms.append((f"gluon v{vec} w{warps}", gluon))
-    return arms
+# Session 14 measured the masked forward written in Gluon (Triton's layout-explicit dialect) with
+# one layout from loads to store: compiled as the JIT specialises it, kiln's masked forward loads
+# the bool mask 16 bytes a thread, the scores follow that layout, and the output is converted
+# through shared memory to 8 (bf16) or 4 (fp32) values a thread before the store
+# (`ttg.convert_layout`, TTGIR, Triton 3.6 and 3.8; the unmasked forward has none). Without the
+# conversion (b90889a, kernels-h200/session14/gluon/) it lost in every case: best of four
+# (values a thread, warps) against kiln's best block, bf16 8192 97% / 97%, 12672 78% / 85%,
+# 16384 85% / 86%, 32768 58% / 69%; fp32 12672-16384 70-71% / 88%. So the conversion is not
+# what holds the masked forward below the unmasked one; the variant was removed.
 
 
 def _arms(
@@ -270,8 +252,6 @@ def _arms(
             ks._softmax_fwd_rows[(g,)](*args, **kw, BLOCK_N=bn, STAGES=s, num_warps=w)
 
         arms.append((f"rows w{warps} {per_sm}/SM s{stages}", rows_pipelined))
-    if case["mask_kind"] == ks.MASK_BOOL:
-        arms += _gluon_arms(x, m4, rest[-1], y, block_n)
     for chunk, warps in LOOP_CONFIGS if loops and measured else ():
 
         def loop(c: int = chunk, w: int = warps) -> None:
