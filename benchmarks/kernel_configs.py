@@ -187,10 +187,11 @@ def _inputs(dtype: Any, cols: int, kind: str) -> dict[str, Any]:
 # the bool mask 16 bytes a thread, the scores follow that layout, and the output is converted
 # through shared memory to 8 (bf16) or 4 (fp32) values a thread before the store
 # (`ttg.convert_layout`, TTGIR, Triton 3.6 and 3.8; the unmasked forward has none). Without the
-# conversion (b90889a, kernels-h200/session14/gluon/) it lost in every case: best of four
+# conversion (b90889a, kernels-h200/session14/gluon/) it lost in every case: its best arm
 # (values a thread, warps) against kiln's best block, bf16 8192 97% / 97%, 12672 78% / 85%,
-# 16384 85% / 86%, 32768 58% / 69%; fp32 12672-16384 70-71% / 88%. So the conversion is not
-# what holds the masked forward below the unmasked one; the variant was removed.
+# 16384 85% / 86%, 32768 58% / 69%; fp32 12672-16384 70-71% / 88%. Removing the conversion
+# alone does not lift the masked forward (the Gluon kernel also differs in its int64 row
+# arithmetic and its reductions' code, so this does not prove the conversion free); removed.
 
 
 def _arms(
