@@ -303,6 +303,21 @@ phases-bias-tiles)
   job kernel_host_path 90 python3 benchmarks/kernel_host_path.py --out "$ROOT/host" --cols 2048
   echo "$(date +%T) all done" >>"$ROOT/status.txt"
   ;;
+phases-kernels-heads)
+  # One GPU, ~3 minutes (for session 15): does taking the masked forward's rows heads innermost
+  # (HEADS_INNER) keep the shared mask in L2? Nsight Compute's DRAM bytes for the default and the
+  # heads-inner order, then kernel_configs.py's heads-inner arms beside the block's.
+  nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
+  # ncu is in the image (device KINDS.md), on the PATH or under /opt/nvidia/nsight-compute.
+  job ncu 120 bash -c "command -v ncu >/dev/null || PATH=\$PATH:\$(ls -d \
+    /opt/nvidia/nsight-compute/*/ | head -1); ncu --clock-control none --kernel-name \
+    regex:_softmax_fwd --launch-count 3 --section SpeedOfLight --section \
+    MemoryWorkloadAnalysis --metrics dram__bytes_read.sum,dram__bytes_write.sum python3 \
+    benchmarks/ncu_softmax.py --cols 16384 --dtype bf16 --heads-inner --calls 1"
+  job kernel_configs 150 python3 benchmarks/kernel_configs.py --out "$ROOT/configs" --no-loop \
+    --skip-measured --no-bias-act --cols 32768 16384 12672 8192
+  echo "$(date +%T) all done" >>"$ROOT/status.txt"
+  ;;
 phases-leftovers)
   # One GPU, ~14 minutes, alone: the kernels after their direct-launch fix (issue 6; session 5
   # found every eager forward call launch-bound), then what issue 8 still needs: bert-base

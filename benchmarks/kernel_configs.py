@@ -194,6 +194,33 @@ def _inputs(dtype: Any, cols: int, kind: str) -> dict[str, Any]:
 # arithmetic and its reductions' code, so this does not prove the conversion free); removed.
 
 
+# Session 14: Nsight Compute on the masked bf16 forward at 4096 x 16384 (kernels-h200/session14/
+# ncu/) put 294 MB through DRAM against the unmasked forward's 245, for 277 MB and 268 MB of
+# compulsory traffic: the [1, 1, Q, K] mask (8.4 MB) seems read from DRAM for most of its 8
+# heads after all, a head's rows being Q = 512 rows (~16 MB of scores and output) apart in the
+# default order. The block kernel's HEADS_INNER takes the rows heads innermost, so each mask row
+# is read by all its heads' programs at about the same time. (warps, maxnreg or None).
+HEADS_INNER_ARMS = ((4, None), (8, None), (16, None), (32, None), (16, 64))
+
+
+def _heads_inner_arms(args: tuple, kw: dict, block_n: int) -> list[tuple[str, Any]]:
+    from torchkiln.kernels import _softmax as ks
+    from torchkiln.kernels._cases import HEADS
+
+    arms = []
+    for warps, maxnreg in HEADS_INNER_ARMS:
+        if block_n // (32 * warps) < 1 or block_n // (32 * warps) > 64:
+            continue
+        cap = {} if maxnreg is None else {"maxnreg": maxnreg}
+
+        def heads_inner(w: int = warps, k: dict = cap) -> None:
+            ks._softmax_fwd_block[(ROWS,)](*args, **kw, BLOCK_M=1, BLOCK_N=block_n,
+                                          HEADS_INNER=HEADS, num_warps=w, **k)  # fmt: skip
+
+        arms.append((f"block w{warps}{f' r{maxnreg}' if maxnreg else ''} heads-inner", heads_inner))
+    return arms
+
+
 def _arms(
     case: dict[str, Any], cols: int, loops: bool = True, measured: bool = True
 ) -> list[tuple[str, Any]]:
@@ -233,6 +260,8 @@ def _arms(
                                           maxnreg=r)  # fmt: skip
 
         arms.append((f"block w{warps} r{maxnreg}", capped_block))
+    if case["mask_kind"] != ks.MASK_NONE and block_n <= ks.MAX_BLOCK_N:
+        arms += _heads_inner_arms(args, kw, block_n)
     for rows, warps in ROW_PAIRS if measured else ():
         if block_n // (32 * warps) < 1 or block_n > 16384:
             continue

@@ -82,6 +82,25 @@ def test_masked_softmax_forward_compiles(mask_kind):
     assert ".entry _softmax_fwd_block" in _softmax_fwd("fp16", 12672, mask_kind).asm["ptx"]
 
 
+@pytest.mark.parametrize(("dtype", "warps", "maxnreg"), [("bf16", 8, None), ("fp32", 16, 64)])
+def test_the_heads_inner_order_compiles_without_spills_and_divides_once(dtype, warps, maxnreg):
+    # The experimental HEADS_INNER order (kernel_configs.py's heads-inner arms) at 16384-element
+    # blocks as the masked forward runs them: no spills, and its row arithmetic takes one
+    # runtime division (by Q; by H, a constexpr, it multiplies), as the default order with the
+    # bench's [1, 1, Q, K] mask does.
+    sig = {"x_ptr": f"*{dtype}", "y_ptr": f"*{dtype}", **ROW_ARGS, **MASK_ARGS}
+    consts = {"MASK_KIND": 1, "SAFE": True, "BLOCK_M": 1, "BLOCK_N": 16384, "MASK_DIMS": 4,
+              "POS_SCALE": True}  # fmt: skip
+    cap = {} if maxnreg is None else {"maxnreg": maxnreg}
+    inner = _compile(_softmax._softmax_fwd_block, sig, {**consts, "HEADS_INNER": 8}, warps,
+                     aligned=ALIGNED, **cap)  # fmt: skip
+    plain = _compile(_softmax._softmax_fwd_block, sig, consts, warps, aligned=ALIGNED, **cap)
+    assert _ptxas_spills(inner) <= _ptxas_spills(plain)
+    divisions = [c.asm["ptx"].count("div.s32") + c.asm["ptx"].count("rem.s32")
+                 for c in (inner, plain)]  # fmt: skip
+    assert divisions[0] <= max(1, divisions[1]), divisions
+
+
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("n", [2048, 8192, 12672])
 def test_masked_softmax_forward_at_32_values_per_thread_does_not_spill(dtype, n):

@@ -37,6 +37,8 @@ LOOPED = 128
 # The persistent rows kernel at any row length: on the CPU its grid is two programs a "SM" over
 # two, so every program takes several rows in turn (_softmax._device), pipelined in 2 stages.
 ROWS = {"rows_config": (4, 1, 2)}
+# The single-block forward taking one row a program, heads innermost (experimental: HEADS_INNER).
+HEADS = {"heads_inner": True}
 
 
 def _randn(shape, dtype, seed=0):
@@ -141,7 +143,9 @@ def test_masked_softmax_kernel_matches_reference(interpreted, kind, dtype):
     ref = masked_softmax_ref(scores, mask, 0.125)
     # The op passes the mask as given (the launcher addresses it through broadcast strides);
     # an expanded view, as benchmarks pass, must read the same.
-    for cap, m in (({}, mask), ({"max_block_n": 64}, mask), ({}, m4), (ROWS, mask)):
+    # heads_inner: the experimental order (one row a program, heads innermost; HEADS_INNER).
+    cases = (({}, mask), ({"max_block_n": 64}, mask), ({}, m4), (ROWS, mask), (HEADS, mask))
+    for cap, m in cases:
         y = interpreted("_softmax", "softmax_forward", scores, m, 0.125, safe=True, **cap)
         assert not torch.isnan(y).any(), "a fully masked row gave NaN"
         assert_close(y, ref, dtype, f"masked softmax ({kind}, {cap or 'single block'})")
@@ -178,7 +182,7 @@ def test_masked_forward_addresses_every_mask_layout(interpreted, case):
     m = scores.numel() // shape[-1]
     assert _softmax.mask_dims(_softmax.MASK_BOOL, m, h, q, *strides[:3]) == dims, what
     ref = masked_softmax_ref(scores, mask, 0.125)
-    for cap in ({}, {"max_block_n": 64}, ROWS):
+    for cap in ({}, {"max_block_n": 64}, ROWS, HEADS):
         y = interpreted("_softmax", "softmax_forward", scores, mask, 0.125, safe=True, **cap)
         assert_close(y, ref, torch.float32, f"{what}, {cap or 'single block'}")
 
@@ -192,7 +196,7 @@ def test_masked_forward_with_a_scale_that_is_not_positive(interpreted, kind, sca
     scores = _randn(shape, torch.float32, seed=6)
     mask = make_mask(kind, shape, torch.Generator().manual_seed(7))
     ref = masked_softmax_ref(scores, mask, scale)
-    for cap in ({}, {"max_block_n": 64}, ROWS):
+    for cap in ({}, {"max_block_n": 64}, ROWS, HEADS):
         y = interpreted("_softmax", "softmax_forward", scores, mask, scale, safe=True, **cap)
         assert_close(y, ref, torch.float32, f"scale {scale}, {kind}, {cap or 'single block'}")
 

@@ -227,16 +227,31 @@ def _normalise(z, c, SAFE: tl.constexpr, AXIS: tl.constexpr, POS_SCALE: tl.const
 def _softmax_fwd_block(
     x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale,
     MASK_KIND: tl.constexpr, SAFE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    MASK_DIMS: tl.constexpr = 7, POS_SCALE: tl.constexpr = False,
+    MASK_DIMS: tl.constexpr = 7, POS_SCALE: tl.constexpr = False, HEADS_INNER: tl.constexpr = 0,
 ):  # fmt: skip
     xf, mf = _x_factor(scale, POS_SCALE), _mask_factor(scale, POS_SCALE)
     c = _exp_factor(scale, POS_SCALE)
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols[None, :] < N
+    if HEADS_INNER > 0:
+        # Experimental (softmax_forward's heads_inner): one row a program (BLOCK_M == 1), taken
+        # with the heads innermost, so the programs in flight at once read each mask row for
+        # every head within a short time, while it is in L2. HEADS_INNER is H (a constexpr: the
+        # division by it is a multiply); one division by Q a program, as the default order's.
+        pid = tl.program_id(0)
+        bq = pid // HEADS_INNER  # batch * Q + query
+        head = pid - bq * HEADS_INNER
+        b = bq // Q
+        q = bq - b * Q
+        rows = ((b * HEADS_INNER + head) * Q + q) + tl.arange(0, BLOCK_M)
+        m_off = b.to(tl.int64) * smb + head.to(tl.int64) * smh + q.to(tl.int64) * smq
+        m_ptrs = (m_ptr + m_off + tl.zeros([BLOCK_M], tl.int64))[:, None]
+    else:
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_off = _mask_row_offset(rows.to(tl.int64), H, Q, smb, smh, smq, MASK_DIMS)
+        m_ptrs = (m_ptr + m_off)[:, None]
     inb = (rows[:, None] < M) & col_ok
     row_start = (rows.to(tl.int64) * N)[:, None]
-    m_ptrs = (m_ptr + _mask_row_offset(rows.to(tl.int64), H, Q, smb, smh, smq, MASK_DIMS))[:, None]
     m_ptrs = m_ptrs + cols[None, :] * smk
     z = _scores(
         x_ptr + row_start + cols[None, :], m_ptrs, inb, col_ok, xf, mf, MASK_KIND, POS_SCALE
@@ -514,6 +529,7 @@ def softmax_forward(
     loop_chunk_stats: bool = False,
     loop_maxnreg: int | None = None,
     rows_config: tuple[int, int, int] | None = None,
+    heads_inner: bool = False,
 ) -> torch.Tensor:
     """softmax(scale * x + mask) over the last dim of a contiguous `x`.
 
@@ -527,7 +543,9 @@ def softmax_forward(
     without a mask take the loop with per-chunk statistics and hints (LONG_ROW_LOOP), whatever
     those parameters say, and rows of 16385-32768 the persistent rows kernel where ROWS_LOOP
     has their kind; `rows_config` (warps, programs per SM, stages) sends rows of any length
-    there (tests, benchmarks).
+    there (tests, benchmarks). `heads_inner` (experimental, for benchmarks/kernel_configs.py)
+    makes a single-block forward over several heads take one row a program, heads innermost
+    (the block kernel's HEADS_INNER).
     """
     y, kind, common = forward_args(x, mask, scale)
     if x.numel() == 0:
@@ -562,9 +580,12 @@ def softmax_forward(
     if n <= max_block_n:
         block_m, block_n, num_warps = forward_config(n, masked, itemsize)
         maxnreg = forward_maxnreg(n, masked, itemsize)
+        heads = common[5] if heads_inner and common[5] > 1 else 0
+        if heads:
+            block_m, num_warps = 1, max(1, num_warps // block_m)
         launchable(_softmax_fwd_block)[(cdiv(m, block_m),)](
             *common, MASK_KIND=kind, SAFE=safe, BLOCK_M=block_m, BLOCK_N=block_n,
-            MASK_DIMS=dims, POS_SCALE=pos_scale, num_warps=num_warps,
+            MASK_DIMS=dims, POS_SCALE=pos_scale, HEADS_INNER=heads, num_warps=num_warps,
             **({} if maxnreg is None else {"maxnreg": maxnreg}),
         )  # fmt: skip
     else:
