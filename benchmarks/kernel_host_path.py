@@ -182,10 +182,10 @@ def measure(dtype_name: str, rows_n: int, cols: int) -> dict[str, Any]:
         # A CompiledKernel's launcher indexes all three grid dimensions (session 7: a 1-tuple
         # raised IndexError on Triton 3.6).
         grid3 = (*grid, 1, 1)[:3]
-        # Every constexpr in the kernel's order (session 14: two added to the kernel since
-        # left this call two short, a TypeError on the H200).
+        # Every constexpr in the kernel's order, defaults where not given (session 14: two
+        # added to the kernel since left this call two short, a TypeError on the H200).
         params = ks._softmax_fwd_block.params
-        with_consts = (*args, *(consts[p.name] for p in params if p.is_constexpr))
+        with_consts = (*args, *(consts.get(p.name, p.default) for p in params if p.is_constexpr))
         _attempt("compiled[grid](args)", lambda: compiled[grid3](*args), ref, y, layers)
         _attempt("compiled[grid](args + constexprs)", lambda: compiled[grid3](*with_consts), ref,
                  y, layers)  # fmt: skip

@@ -58,7 +58,10 @@ def compile_sm90(
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    signature, constexprs = dict(signature), dict(constexprs)
+    # Constexprs not given take their defaults, as at a launch that leaves them out.
+    defaults = {p.name: p.default for p in kernel.params if p.is_constexpr and p.has_default}
+    signature = dict(signature)
+    constexprs = {**{k: v for k, v in defaults.items() if k not in signature}, **constexprs}
     divisible = []
     for name, value in (ints or {}).items():
         if value == 1:
