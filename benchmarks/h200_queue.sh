@@ -304,10 +304,12 @@ phases-bias-tiles)
   echo "$(date +%T) all done" >>"$ROOT/status.txt"
   ;;
 phases-kernels-heads)
-  # One GPU, ~3 minutes (for session 15): does taking the masked forward's rows heads innermost
-  # (HEADS_INNER) keep the shared mask in L2? Nsight Compute's DRAM bytes for the default and the
-  # heads-inner order, then kernel_configs.py's heads-inner arms beside the block's.
+  # One GPU, ~5 minutes (for session 15): the kernels' GPU tests (the block kernel gained the
+  # HEADS_INNER branch after session 14's last GPU test run), then does taking the masked
+  # forward's rows heads innermost keep the shared mask in L2? Nsight Compute's DRAM bytes for
+  # the default and the heads-inner order, then kernel_configs.py's heads-inner arms.
   nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
+  job kernels_tests 200 python3 -m pytest -q -m gpu tests/kernels
   # ncu is in the image (device KINDS.md), on the PATH or under /opt/nvidia/nsight-compute.
   job ncu 120 bash -c "command -v ncu >/dev/null || PATH=\$PATH:\$(ls -d \
     /opt/nvidia/nsight-compute/*/ | head -1); ncu --clock-control none --kernel-name \
