@@ -284,6 +284,24 @@ phases-kernels-retune)
   job kernels 270 python3 benchmarks/bench_kernels.py --out "$ROOT/kernels" --budget-s 230
   echo "$(date +%T) all done" >>"$ROOT/status.txt"
   ;;
+phases-kernels-maskvec)
+  # One GPU, ~7 minutes (session 15): after the mask's column offsets were given the vector
+  # width of x's loads (_softmax._mask_cols: no shared-memory layout conversion in the masked
+  # forwards) and the masked fp32 forward took its rows heads innermost by default: the GPU
+  # tests, kernel_configs.py's masked arms (both orders), Nsight Compute's DRAM bytes, then the
+  # bandwidth table.
+  nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
+  job kernels_tests 200 python3 -m pytest -q -m gpu tests/kernels
+  job kernel_configs 150 python3 benchmarks/kernel_configs.py --out "$ROOT/configs" --no-loop \
+    --skip-measured --no-bias-act --cols 32768 16384 12672 8192 4096
+  job ncu 120 bash -c "command -v ncu >/dev/null || PATH=\$PATH:\$(ls -d \
+    /opt/nvidia/nsight-compute/*/ | head -1); ncu --clock-control none --kernel-name \
+    regex:_softmax_fwd --launch-count 3 --section SpeedOfLight --section \
+    MemoryWorkloadAnalysis --metrics dram__bytes_read.sum,dram__bytes_write.sum python3 \
+    benchmarks/ncu_softmax.py --cols 16384 --dtype bf16 --heads-inner --calls 1"
+  job kernels 270 python3 benchmarks/bench_kernels.py --out "$ROOT/kernels" --budget-s 230
+  echo "$(date +%T) all done" >>"$ROOT/status.txt"
+  ;;
 phases-kernels-final)
   # One GPU, ~6 minutes (session 14): the GPU tests and the bandwidth table after the bf16 rows
   # kernel for padded 8193-16383 rows and the median host time, then where one eager call's host

@@ -82,14 +82,21 @@ def test_masked_softmax_forward_compiles(mask_kind):
     assert ".entry _softmax_fwd_block" in _softmax_fwd("fp16", 12672, mask_kind).asm["ptx"]
 
 
-@pytest.mark.parametrize(("dtype", "warps", "maxnreg"), [("bf16", 8, None), ("fp32", 16, 64)])
-def test_the_heads_inner_order_compiles_without_spills_and_divides_once(dtype, warps, maxnreg):
-    # The experimental HEADS_INNER order (kernel_configs.py's heads-inner arms) at 16384-element
-    # blocks as the masked forward runs them: no spills, and its row arithmetic takes one
-    # runtime division (by Q; by H, a constexpr, it multiplies), as the default order with the
-    # bench's [1, 1, Q, K] mask does.
+@pytest.mark.parametrize(
+    ("dtype", "block_n", "warps", "maxnreg"),
+    [("bf16", 16384, 8, None), ("fp32", 8192, 16, None), ("fp32", 16384, 16, 64),
+     ("fp32", 32768, 32, None)],
+)  # fmt: skip
+def test_the_heads_inner_order_compiles_without_spills_and_divides_once(
+    dtype, block_n, warps, maxnreg
+):
+    # The HEADS_INNER order (heads_inner_order: the masked fp32 forward's default from
+    # 8192-element blocks; kernel_configs.py's heads-inner arms) as the masked forward runs it:
+    # no more spills than the default order, and its row arithmetic takes one runtime division
+    # (by Q; by H, a constexpr, it multiplies), as the default order with the bench's
+    # [1, 1, Q, K] mask does.
     sig = {"x_ptr": f"*{dtype}", "y_ptr": f"*{dtype}", **ROW_ARGS, **MASK_ARGS}
-    consts = {"MASK_KIND": 1, "SAFE": True, "BLOCK_M": 1, "BLOCK_N": 16384, "MASK_DIMS": 4,
+    consts = {"MASK_KIND": 1, "SAFE": True, "BLOCK_M": 1, "BLOCK_N": block_n, "MASK_DIMS": 4,
               "POS_SCALE": True}  # fmt: skip
     cap = {} if maxnreg is None else {"maxnreg": maxnreg}
     inner = _compile(_softmax._softmax_fwd_block, sig, {**consts, "HEADS_INNER": 8}, warps,
@@ -201,6 +208,46 @@ def test_the_capped_masked_fp32_block_spills_at_most_a_word(mask_kind):
     assert _ptxas_spills(compiled) <= 4
 
 
+def test_the_masked_fp32_forward_launches_heads_innermost_where_heads_share_its_mask(
+    monkeypatch,
+):
+    # softmax_forward's routing, its launches recorded instead of made (CPU tensors; the
+    # interpreter tests check what each order computes).
+    import torch
+
+    launches = []
+
+    class Recorder:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append((self.kernel, grid, kw))
+
+    monkeypatch.setattr(_softmax, "launchable", Recorder)
+
+    def launch(dtype, mask_shape, cols, **options):
+        launches.clear()
+        x = torch.zeros(1, 4, 3, cols, dtype=dtype)
+        mask = torch.ones(*mask_shape, cols, dtype=torch.bool)
+        _softmax.softmax_forward(x, mask, 0.5, True, **options)
+        ((kernel, grid, kw),) = launches
+        return kernel, grid, kw.get("HEADS_INNER"), kw["num_warps"]
+
+    block, rows = _softmax._softmax_fwd_block, _softmax._softmax_fwd_rows
+    fp32, bf16 = torch.float32, torch.bfloat16
+    assert launch(fp32, (1, 1, 3), 8192) == (block, (12,), 4, 16)
+    assert launch(fp32, (1, 1, 3), 12672)[2:] == (4, 16)
+    # Where ROWS_LOOP's rows kernel took masked fp32 rows of 32768: the 32-warp block.
+    assert launch(fp32, (1, 1, 3), 32768) == (block, (12,), 4, 32)
+    assert launch(fp32, (1, 1, 3), 32768, heads_inner=False)[0] is rows
+    assert launch(fp32, (1, 1, 3), 32768, rows_config=(4, 1, 2))[0] is rows
+    assert launch(fp32, (1, 1, 3), 4096)[2] == 0  # 4096-element blocks keep the default order
+    assert launch(bf16, (1, 1, 3), 16384)[2] == 0
+    assert launch(fp32, (1, 4, 3), 16384)[2] == 0  # a mask per head
+    assert launch(bf16, (1, 1, 3), 2048, heads_inner=True)[2] == 4
+
+
 def test_block_configs_hold_16_values_per_thread():
     block_config, tile_config = _softmax.block_config, _bias_act.tile_config
     # (BLOCK_M, BLOCK_N, num_warps): short rows share a program, 16 values per thread (32 at the
@@ -250,6 +297,18 @@ def test_block_configs_hold_16_values_per_thread():
     assert rows(12672, masked=False, itemsize=2) == rows(8193, False, 2) == (16, 2, 3)
     assert rows(16384, False, 2) is None and rows(8192, False, 2) is None
     assert rows(12672, False, 4) is None and rows(12672, True, 2) is None
+    # The masked fp32 forward in 8192- to 32768-element blocks takes its rows heads innermost
+    # where several heads share a mask that differs by query (session 15: 91-94% of the copy
+    # against 88-92%, 87% at 32768 against the rows kernel's 80); MASK_DIMS bits: 1 batch,
+    # 2 heads, 4 queries, 8 a full contiguous mask.
+    inner = _softmax.heads_inner_order
+    assert inner(8192, dims=4, itemsize=4, heads=8) and inner(12672, 5, 4, 2)
+    assert inner(4097, 4, 4, 8) and inner(32768, 5, 4, 16)
+    assert not inner(4096, 4, 4, 8) and not inner(32769, 4, 4, 8)  # a 4096 block; the loop
+    assert not inner(16384, 4, 2, 8) and not inner(16384, 4, 4, 1)  # bf16 / fp16; one head
+    assert not inner(16384, 6, 4, 8) and not inner(16384, 7, 4, 8)  # a mask per head
+    assert not inner(16384, 8, 4, 8) and not inner(16384, 1, 4, 8)  # full; per batch only
+    assert not inner(16384, 0, 4, 8)  # no mask
     # The masked fp32 forward in 16384-element blocks runs under a 64-register cap (87% of the
     # copy against 73-84% uncapped); nothing else is capped.
     cap = _softmax.forward_maxnreg

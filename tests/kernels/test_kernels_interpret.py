@@ -82,8 +82,8 @@ def test_long_rows_take_their_kernels_and_compute_softmax(interpreted, dtype):
     # Rows over 16384 columns without a mask take LONG_ROW_LOOP's 16384- or 8192-long chunks,
     # the last one partial, except bf16 rows of up to 32768, which take the persistent rows
     # kernel (ROWS_LOOP), as do bf16 rows of 10000 (ROWS_LOOP_PADDED; fp32 takes the block);
-    # masked rows of 20000 take the rows kernel at both dtypes. Checked against torch as every
-    # other path.
+    # masked rows of 20000 with one head take the rows kernel at both dtypes. Checked against
+    # torch as every other path.
     for cols in (10000, 20000, 40000):
         x = _randn((1, 1, 3, cols), dtype)
         y = interpreted("_softmax", "softmax_forward", x)
@@ -94,6 +94,13 @@ def test_long_rows_take_their_kernels_and_compute_softmax(interpreted, dtype):
     y = interpreted("_softmax", "softmax_forward", x[..., :20000].contiguous(), mask, 0.5, True)
     assert_close(y, masked_softmax_ref(x[..., :20000], mask, 0.5), dtype, "masked, 20000")
     assert torch.equal(y[0, 0, 1], torch.zeros(20000, dtype=dtype))
+    # Two heads sharing a mask by query: fp32 rows of 8192 take the block heads innermost
+    # (heads_inner_order), bf16 the default order.
+    x = _randn((1, 2, 3, 8192), dtype, seed=1)
+    mask = mask[..., :8192].contiguous()
+    y = interpreted("_softmax", "softmax_forward", x, mask, 0.5, True)
+    assert_close(y, masked_softmax_ref(x, mask, 0.5), dtype, "masked, 2 heads, 8192")
+    assert torch.equal(y[0, :, 1], torch.zeros(2, 8192, dtype=dtype))
 
 
 @pytest.mark.parametrize(

@@ -72,6 +72,18 @@ ROWS_LOOP_PADDED = {(False, 2): (16, 2, 3)}
 # 10, 87% of the copy ceiling at 4096 x 12672 and 4096 x 16384 against 73% and 84% uncapped.
 # bf16 lost under the cap (65% / 74% against 69% / 77%). ptxas's .maxnreg: NVIDIA only.
 MASKED_FP32_WIDE_MAXNREG = 64
+# The masked fp32 forward in 8192- to 32768-element blocks takes one row a program, heads
+# innermost (the block kernel's HEADS_INNER), where the mask is shared by the heads and differs
+# by query ([1, 1, Q, K] or [B, 1, Q, K], a causal mask's shape): each mask row is then read by
+# every head while it is in L2. H200, session 15 (kernels-h200/session15/heads; 4096 rows of 8
+# heads, % of the copy, the default order's launch against the same launch heads innermost;
+# rows of 4097-8191, padded to 8192, unmeasured):
+# 8192 92 / 94, 12672 88 / 92, 16384 88 / 91 (16 warps, 64 registers from 16384-element blocks),
+# 32768 80 (ROWS_LOOP's rows kernel; the block 82) / 87 at 32 warps. For bf16, Nsight Compute
+# put the reads at 16384 at 143 MB of DRAM against the default order's 183 (the unmasked
+# forward's 134), yet it ran 4% slower (78.4 us against 75.4), and kernel_configs.py put the
+# order 1-10 points behind at 8192-16384 and level at 32768: bf16 and fp16 keep the default.
+HEADS_INNER_MIN_BLOCK_N = 8192
 
 
 @triton.jit
@@ -90,6 +102,19 @@ def _inverse(denom, SAFE: tl.constexpr):
         # softmax: same NaN as torch.softmax for a row of -inf.
         inv = 1.0 / denom
     return inv
+
+
+@triton.jit
+def _mask_cols(BLOCK_N: tl.constexpr, x_ptr):
+    # The mask's column offsets in a block, said to be contiguous (which sets the load's vector
+    # width) only as far as one 16-byte load of x reaches: 8 columns of bf16, 4 of fp32. Left
+    # at the whole row, a bool mask loads 16 bytes a thread, twice (bf16) or four times (fp32)
+    # x's columns, and Triton converts between the two layouts through shared memory: in the
+    # masked bf16 forward at 16384, 8 shared stores, 8 loads and 8 barriers more a row (sm_90
+    # PTX, session 15; 11 barriers against the unmasked forward's 3). Its own arange: the hint
+    # is an attribute set on the op that makes the range, so x's offsets stay as they are.
+    cols = tl.arange(0, BLOCK_N)
+    return tl.max_contiguous(cols, 128 // x_ptr.dtype.element_ty.primitive_bitwidth)
 
 
 @triton.jit
@@ -252,7 +277,7 @@ def _softmax_fwd_block(
         m_ptrs = (m_ptr + m_off)[:, None]
     inb = (rows[:, None] < M) & col_ok
     row_start = (rows.to(tl.int64) * N)[:, None]
-    m_ptrs = m_ptrs + cols[None, :] * smk
+    m_ptrs = m_ptrs + _mask_cols(BLOCK_N, x_ptr)[None, :] * smk
     z = _scores(
         x_ptr + row_start + cols[None, :], m_ptrs, inb, col_ok, xf, mf, MASK_KIND, POS_SCALE
     )
@@ -278,7 +303,7 @@ def _softmax_fwd_rows(
     for r in tl.range(tl.program_id(0), M, tl.num_programs(0), num_stages=STAGES):
         row = r + tl.full([], 0, tl.int64)  # int64 addressing (the interpreter gives an int)
         m_row = m_ptr + _mask_row_offset(row, H, Q, smb, smh, smq, MASK_DIMS)
-        m_ptrs = m_row + cols * smk
+        m_ptrs = m_row + _mask_cols(BLOCK_N, x_ptr) * smk
         z = _scores(x_ptr + row * N + cols, m_ptrs, col_ok, col_ok, xf, mf, MASK_KIND, POS_SCALE)
         y = _normalise(z, c, SAFE, 0, POS_SCALE).to(y_ptr.dtype.element_ty)
         tl.store(y_ptr + row * N + cols, y, mask=col_ok)
@@ -319,7 +344,8 @@ def _softmax_fwd_loop(
             for start in range(0, N, BLOCK_N):
                 cols = start + tl.arange(0, BLOCK_N)
                 inb = cols < N
-                z = _scores(x_row + cols, m_row + cols * smk, inb, inb, xf, mf, MASK_KIND,
+                m_cols = start + _mask_cols(BLOCK_N, x_ptr)
+                z = _scores(x_row + cols, m_row + m_cols * smk, inb, inb, xf, mf, MASK_KIND,
                             POS_SCALE, 1 if L2_HINTS else 0)  # fmt: skip
                 new_max = tl.maximum(row_max, tl.max(z, axis=0))
                 safe_max = _finite(new_max)
@@ -335,7 +361,8 @@ def _softmax_fwd_loop(
             for start in range(0, N, BLOCK_N):
                 cols = start + tl.arange(0, BLOCK_N)
                 inb = cols < N
-                z = _scores(x_row + cols, m_row + cols * smk, inb, inb, xf, mf, MASK_KIND,
+                m_cols = start + _mask_cols(BLOCK_N, x_ptr)
+                z = _scores(x_row + cols, m_row + m_cols * smk, inb, inb, xf, mf, MASK_KIND,
                             POS_SCALE, 1 if L2_HINTS else 0)  # fmt: skip
                 new_max = tl.maximum(run_max, z)
                 safe_max = _finite(new_max)
@@ -352,7 +379,8 @@ def _softmax_fwd_loop(
             start = i * BLOCK_N
             cols = start + tl.arange(0, BLOCK_N)
             inb = cols < N
-            z = _scores(x_row + cols, m_row + cols * smk, inb, inb, xf, mf, MASK_KIND,
+            m_cols = start + _mask_cols(BLOCK_N, x_ptr)
+            z = _scores(x_row + cols, m_row + m_cols * smk, inb, inb, xf, mf, MASK_KIND,
                         POS_SCALE, 2 if L2_HINTS else 0)  # fmt: skip
             y = (_exp2_shifted(z, row_max, c, POS_SCALE) * inv).to(y_ptr.dtype.element_ty)
             if L2_HINTS:
@@ -463,6 +491,15 @@ def _cuda_device(device: torch.device) -> tuple[int, int]:
     return props.multi_processor_count, props.major
 
 
+def heads_inner_order(n_cols: int, dims: int, itemsize: int, heads: int) -> bool:
+    """Whether the single-block forward takes its rows heads innermost by default
+    (HEADS_INNER_MIN_BLOCK_N): fp32, several heads, and a mask (MASK_DIMS `dims`) that differs by
+    query but not by head."""
+    shared = dims & MASK_ALONG_Q and not dims & (MASK_ALONG_H | MASK_FLAT)
+    wide = HEADS_INNER_MIN_BLOCK_N <= next_power_of_2(n_cols) <= MAX_BLOCK_N
+    return bool(shared) and wide and itemsize == 4 and heads > 1
+
+
 def forward_maxnreg(n_cols: int, masked: bool, itemsize: int) -> int | None:
     """ptxas's register cap for the single-block forward over rows of `n_cols`, or None:
     MASKED_FP32_WIDE_MAXNREG for the masked fp32 forward in 16384-element blocks on NVIDIA GPUs."""
@@ -529,7 +566,7 @@ def softmax_forward(
     loop_chunk_stats: bool = False,
     loop_maxnreg: int | None = None,
     rows_config: tuple[int, int, int] | None = None,
-    heads_inner: bool = False,
+    heads_inner: bool | None = None,
 ) -> torch.Tensor:
     """softmax(scale * x + mask) over the last dim of a contiguous `x`.
 
@@ -543,9 +580,10 @@ def softmax_forward(
     without a mask take the loop with per-chunk statistics and hints (LONG_ROW_LOOP), whatever
     those parameters say, and rows of 16385-32768 the persistent rows kernel where ROWS_LOOP
     has their kind; `rows_config` (warps, programs per SM, stages) sends rows of any length
-    there (tests, benchmarks). `heads_inner` (experimental, for benchmarks/kernel_configs.py)
-    makes a single-block forward over several heads take one row a program, heads innermost
-    (the block kernel's HEADS_INNER).
+    there (tests, benchmarks). `heads_inner` True makes a single-block forward over several heads
+    take one row a program, heads innermost (the block kernel's HEADS_INNER), False never; None
+    leaves it to heads_inner_order (the masked fp32 forward with a mask shared by the heads),
+    which goes before ROWS_LOOP.
     """
     y, kind, common = forward_args(x, mask, scale)
     if x.numel() == 0:
@@ -556,7 +594,11 @@ def softmax_forward(
     pos_scale = common[-1] > 0
     masked, itemsize = kind != MASK_NONE, x.element_size()
     explicit = rows_config is not None
-    if not explicit and max_block_n == MAX_BLOCK_N:
+    h = common[5]
+    if heads_inner is None:
+        heads_inner = not explicit and heads_inner_order(n, dims, itemsize, h)
+    heads = h if heads_inner and h > 1 and n <= max_block_n else 0
+    if not explicit and not heads and max_block_n == MAX_BLOCK_N:
         rows_config = rows_loop(n, masked, itemsize)
     if rows_config is not None:
         sms, major = _device(x)
@@ -580,7 +622,6 @@ def softmax_forward(
     if n <= max_block_n:
         block_m, block_n, num_warps = forward_config(n, masked, itemsize)
         maxnreg = forward_maxnreg(n, masked, itemsize)
-        heads = common[5] if heads_inner and common[5] > 1 else 0
         if heads:
             block_m, num_warps = 1, max(1, num_warps // block_m)
         launchable(_softmax_fwd_block)[(cdiv(m, block_m),)](
