@@ -105,19 +105,6 @@ def _inverse(denom, SAFE: tl.constexpr):
 
 
 @triton.jit
-def _mask_cols(BLOCK_N: tl.constexpr, x_ptr):
-    # The mask's column offsets in a block, said to be contiguous (which sets the load's vector
-    # width) only as far as one 16-byte load of x reaches: 8 columns of bf16, 4 of fp32. Left
-    # at the whole row, a bool mask loads 16 bytes a thread, twice (bf16) or four times (fp32)
-    # x's columns, and Triton converts between the two layouts through shared memory: in the
-    # masked bf16 forward at 16384, 8 shared stores, 8 loads and 8 barriers more a row (sm_90
-    # PTX, session 15; 11 barriers against the unmasked forward's 3). Its own arange: the hint
-    # is an attribute set on the op that makes the range, so x's offsets stay as they are.
-    cols = tl.arange(0, BLOCK_N)
-    return tl.max_contiguous(cols, 128 // x_ptr.dtype.element_ty.primitive_bitwidth)
-
-
-@triton.jit
 def _mask_row_offset(row, H, Q, smb, smh, smq, DIMS: tl.constexpr):
     # Rows are flattened [batch, heads, q]; the mask is addressed through its (broadcast) strides,
     # so a [B, 1, 1, K] padding mask is read once per batch from L2 instead of being expanded.
@@ -277,7 +264,13 @@ def _softmax_fwd_block(
         m_ptrs = (m_ptr + m_off)[:, None]
     inb = (rows[:, None] < M) & col_ok
     row_start = (rows.to(tl.int64) * N)[:, None]
-    m_ptrs = m_ptrs + _mask_cols(BLOCK_N, x_ptr)[None, :] * smk
+    # A bool mask loads 16 bytes a thread, more columns than x's 16-byte loads hold, and Triton
+    # converts between the two layouts through shared memory. Giving the mask's offsets x's
+    # width (tl.max_contiguous of 8 bf16 / 4 fp32 columns) removed the conversion, but ptxas then
+    # issued 5 of the 8 load pairs before computing: the masked bf16 forward at 4096 x 16384 ran
+    # 113 us against 75 (Nsight Compute), fp32 74% of the copy against 88 (session 15,
+    # kernels-h200/session15/maskvec). Not kept.
+    m_ptrs = m_ptrs + cols[None, :] * smk
     z = _scores(
         x_ptr + row_start + cols[None, :], m_ptrs, inb, col_ok, xf, mf, MASK_KIND, POS_SCALE
     )
@@ -303,7 +296,7 @@ def _softmax_fwd_rows(
     for r in tl.range(tl.program_id(0), M, tl.num_programs(0), num_stages=STAGES):
         row = r + tl.full([], 0, tl.int64)  # int64 addressing (the interpreter gives an int)
         m_row = m_ptr + _mask_row_offset(row, H, Q, smb, smh, smq, MASK_DIMS)
-        m_ptrs = m_row + _mask_cols(BLOCK_N, x_ptr) * smk
+        m_ptrs = m_row + cols * smk
         z = _scores(x_ptr + row * N + cols, m_ptrs, col_ok, col_ok, xf, mf, MASK_KIND, POS_SCALE)
         y = _normalise(z, c, SAFE, 0, POS_SCALE).to(y_ptr.dtype.element_ty)
         tl.store(y_ptr + row * N + cols, y, mask=col_ok)
@@ -344,8 +337,7 @@ def _softmax_fwd_loop(
             for start in range(0, N, BLOCK_N):
                 cols = start + tl.arange(0, BLOCK_N)
                 inb = cols < N
-                m_cols = start + _mask_cols(BLOCK_N, x_ptr)
-                z = _scores(x_row + cols, m_row + m_cols * smk, inb, inb, xf, mf, MASK_KIND,
+                z = _scores(x_row + cols, m_row + cols * smk, inb, inb, xf, mf, MASK_KIND,
                             POS_SCALE, 1 if L2_HINTS else 0)  # fmt: skip
                 new_max = tl.maximum(row_max, tl.max(z, axis=0))
                 safe_max = _finite(new_max)
@@ -361,8 +353,7 @@ def _softmax_fwd_loop(
             for start in range(0, N, BLOCK_N):
                 cols = start + tl.arange(0, BLOCK_N)
                 inb = cols < N
-                m_cols = start + _mask_cols(BLOCK_N, x_ptr)
-                z = _scores(x_row + cols, m_row + m_cols * smk, inb, inb, xf, mf, MASK_KIND,
+                z = _scores(x_row + cols, m_row + cols * smk, inb, inb, xf, mf, MASK_KIND,
                             POS_SCALE, 1 if L2_HINTS else 0)  # fmt: skip
                 new_max = tl.maximum(run_max, z)
                 safe_max = _finite(new_max)
@@ -379,8 +370,7 @@ def _softmax_fwd_loop(
             start = i * BLOCK_N
             cols = start + tl.arange(0, BLOCK_N)
             inb = cols < N
-            m_cols = start + _mask_cols(BLOCK_N, x_ptr)
-            z = _scores(x_row + cols, m_row + m_cols * smk, inb, inb, xf, mf, MASK_KIND,
+            z = _scores(x_row + cols, m_row + cols * smk, inb, inb, xf, mf, MASK_KIND,
                         POS_SCALE, 2 if L2_HINTS else 0)  # fmt: skip
             y = (_exp2_shifted(z, row_max, c, POS_SCALE) * inv).to(y_ptr.dtype.element_ty)
             if L2_HINTS:
