@@ -302,6 +302,22 @@ phases-kernels-maskvec)
   job kernels 270 python3 benchmarks/bench_kernels.py --out "$ROOT/kernels" --budget-s 230
   echo "$(date +%T) all done" >>"$ROOT/status.txt"
   ;;
+phases-kernels-stalls)
+  # One GPU, ~2 minutes (session 15), for the next session: where the masked forward's warps
+  # wait, against the plain one's. Nsight Compute's warp states, scheduler, instruction mix and
+  # the stall sampling by source line, for the plain forward, the masked one in its default
+  # order and in the other (ncu_softmax.py --heads-inner), at bf16 and fp32, 4096 x 16384.
+  nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
+  for dt in bf16 fp32; do
+    job "ncu_$dt" 150 bash -c "command -v ncu >/dev/null || PATH=\$PATH:\$(ls -d \
+      /opt/nvidia/nsight-compute/*/ | head -1); ncu --clock-control none --kernel-name \
+      regex:_softmax_fwd --launch-count 3 --section SpeedOfLight --section WarpStateStats \
+      --section SchedulerStats --section InstructionStats --section Occupancy --section \
+      LaunchStats --section SourceCounters --metrics dram__bytes_read.sum,dram__bytes_write.sum \
+      python3 benchmarks/ncu_softmax.py --cols 16384 --dtype $dt --heads-inner --calls 1"
+  done
+  echo "$(date +%T) all done" >>"$ROOT/status.txt"
+  ;;
 phases-kernels-final)
   # One GPU, ~6 minutes (session 14): the GPU tests and the bandwidth table after the bf16 rows
   # kernel for padded 8193-16383 rows and the median host time, then where one eager call's host

@@ -9,11 +9,14 @@ forward stop at 85-88% of the copy at 12672-16384 columns where the unmasked one
 Plain softmax, then the masked one with the bench's [1, 1, Q, K] bool mask, each launched
 `--calls` times (3) through the functional API as users call it: --launch-skip 2 --launch-count
 2 profiles the third plain launch and the first masked one; `--heads-inner` adds, after them,
-the masked forward in the block kernel's experimental HEADS_INNER order (with `--calls 1`,
-ncu's `--launch-count 3` takes one launch of each: ncu flushes the caches before each pass).
-Session 14's run (kernels-h200/session14/ncu/, without the metrics line): the masked bf16
-forward at 4096 x 16384 moved 3.83 TB/s through DRAM for 76.9 us, the plain one 3.54 TB/s for
-69.1 us. Needs a CUDA GPU.
+the masked forward in the block kernel's other row order (HEADS_INNER off where the default
+takes it, as for fp32 from 8192-element blocks, on where it does not), so the two orders sit
+side by side (with `--calls 1`, ncu's `--launch-count 3` takes one launch of each: ncu flushes
+the caches before each pass). Session 14's run (kernels-h200/session14/ncu/, without the
+metrics line): the masked bf16 forward at 4096 x 16384 moved 3.83 TB/s through DRAM for 76.9
+us, the plain one 3.54 TB/s for 69.1 us; session 15's (session15/heads/ncu.txt): 183 MB read in
+the default order, 143 MB heads innermost (78.4 us against 75.4), 134 MB without a mask. Needs
+a CUDA GPU.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--heads-inner",
         action="store_true",
-        help="then the masked forward with heads innermost (HEADS_INNER)",
+        help="then the masked forward in the other row order (HEADS_INNER)",
     )
     args = parser.parse_args(argv)
 
@@ -53,16 +56,20 @@ def main(argv: list[str] | None = None) -> int:
     x = torch.randn((1, HEADS, q, args.cols), device="cuda").to(dtype)
     mask = torch.rand((1, 1, q, args.cols), device="cuda") < 0.9
 
+    # The order the default does not take: ks.heads_inner_order decides it from the mask's
+    # MASK_DIMS (4: the mask differs by query only).
+    other = not ks.heads_inner_order(args.cols, ks.MASK_ALONG_Q, x.element_size(), HEADS)
+
     def heads_inner() -> None:
         with direct_launches():
-            ks.softmax_forward(x, mask, ATTN_SCALE, safe=True, heads_inner=True)
+            ks.softmax_forward(x, mask, ATTN_SCALE, safe=True, heads_inner=other)
 
     kinds = [
         ("plain", lambda: F.softmax(x)),
         ("masked", lambda: F.masked_softmax(x, mask, ATTN_SCALE)),
     ]
     if args.heads_inner:
-        kinds.append(("masked, heads inner", heads_inner))
+        kinds.append((f"masked, heads inner {other}", heads_inner))
     for kind, call in kinds:
         for i in range(args.calls):
             call()
