@@ -318,6 +318,15 @@ phases-kernels-stalls)
   done
   echo "$(date +%T) all done" >>"$ROOT/status.txt"
   ;;
+phases-kernels-even)
+  # One GPU, ~2 minutes (session 15): the single block as the launcher configures it, with and
+  # without EVEN (no predicates where a row fills its block) and MASK_VEC (the bool mask at x's
+  # load width), at 2048-32768 (kernel_configs.py --even-arms).
+  nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
+  job kernel_configs 200 python3 benchmarks/kernel_configs.py --out "$ROOT/configs" --no-bias-act \
+    --even-arms --cols 32768 16384 12672 8192 4096
+  echo "$(date +%T) all done" >>"$ROOT/status.txt"
+  ;;
 phases-kernels-final)
   # One GPU, ~6 minutes (session 14): the GPU tests and the bandwidth table after the bf16 rows
   # kernel for padded 8193-16383 rows and the median host time, then where one eager call's host

@@ -223,13 +223,12 @@ def _heads_inner_arms(args: tuple, kw: dict, block_n: int) -> list[tuple[str, An
     return arms
 
 
-def _arms(
-    case: dict[str, Any], cols: int, loops: bool = True, measured: bool = True
-) -> list[tuple[str, Any]]:
+def _launch_args(case: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    """The forward kernels' leading arguments (the output allocated into case["y"]) and the
+    constexprs every arm shares, as softmax_forward sets them."""
     import torch
 
     from torchkiln.kernels import _softmax as ks
-    from torchkiln.kernels._launch import cdiv, next_power_of_2
 
     x, m4, *rest = case["common"]
     y = torch.empty_like(x)
@@ -241,6 +240,69 @@ def _arms(
     dims = ks.mask_dims(case["mask_kind"], rest[0], *rest[2:7])
     kw = {"MASK_KIND": case["mask_kind"], "SAFE": case["safe"], "MASK_DIMS": dims,
           "POS_SCALE": rest[-1] > 0}  # fmt: skip
+    return args, kw
+
+
+def _even_arms(case: dict[str, Any], cols: int) -> list[tuple[str, Any]]:
+    """Session 15: the single-block forward as the launcher configures it (forward_config's
+    warps, forward_maxnreg's cap, heads_inner_order's row order), plain, with EVEN (no
+    predicates: the row fills its block), with MASK_VEC (a bool mask at x's load width: no
+    layout conversion, but ptxas then held back 3 of 8 load pairs where the loads were
+    predicated), and with both; ROWS_LOOP's rows kernel beside them where it is the default."""
+    import torch
+
+    from torchkiln.kernels import _softmax as ks
+    from torchkiln.kernels._cases import HEADS
+
+    args, kw = _launch_args(case)
+    x = args[0]
+    itemsize, masked = x.element_size(), case["mask_kind"] != ks.MASK_NONE
+    block_m, block_n, warps = ks.forward_config(cols, masked, itemsize)
+    if block_m != 1 or block_n > ks.MAX_BLOCK_N:
+        return []
+    cap = ks.forward_maxnreg(cols, masked, itemsize)
+    heads = HEADS if ks.heads_inner_order(cols, kw["MASK_DIMS"], itemsize, HEADS) else 0
+    fixed = {**kw, "BLOCK_M": 1, "BLOCK_N": block_n, "HEADS_INNER": heads, "num_warps": warps,
+             **({} if cap is None else {"maxnreg": cap})}  # fmt: skip
+    variants = [("", {})]
+    vec = {"MASK_VEC": 16 // itemsize}
+    if cols == block_n:
+        variants.append((" even", {"EVEN": True}))
+    if masked:
+        variants.append((" vec", vec))
+        if cols == block_n:
+            variants.append((" vec even", {**vec, "EVEN": True}))
+    name = f"block w{warps}{'' if cap is None else f' r{cap}'}{' heads-inner' if heads else ''}"
+    arms = []
+    for suffix, extra in variants:
+
+        def block(k: dict = extra) -> None:
+            ks._softmax_fwd_block[(ROWS,)](*args, **fixed, **k)
+
+        arms.append((name + suffix, block))
+    rows = ks.rows_loop(cols, masked, itemsize)
+    if rows is not None:
+        rows_warps, per_sm, stages = rows
+        grid = per_sm * torch.cuda.get_device_properties(x.device).multi_processor_count
+
+        def rows_kernel() -> None:
+            launch = ks._softmax_fwd_rows[(min(ROWS, grid),)]
+            launch(*args, **kw, BLOCK_N=block_n, STAGES=stages, num_warps=rows_warps)
+
+        arms.append((f"rows w{rows_warps} {per_sm}/SM s{stages} (ROWS_LOOP)", rows_kernel))
+    return arms
+
+
+def _arms(
+    case: dict[str, Any], cols: int, loops: bool = True, measured: bool = True
+) -> list[tuple[str, Any]]:
+    import torch
+
+    from torchkiln.kernels import _softmax as ks
+    from torchkiln.kernels._launch import cdiv, next_power_of_2
+
+    args, kw = _launch_args(case)
+    x = args[0]
     arms = []
     block_n = next_power_of_2(cols)
     for warps in BLOCK_WARPS:
@@ -318,7 +380,12 @@ def _arms(
 
 
 def measure_softmax(
-    dtype_name: str, cols: int, kind: str, loops: bool = True, measured: bool = True
+    dtype_name: str,
+    cols: int,
+    kind: str,
+    loops: bool = True,
+    measured: bool = True,
+    even_arms: bool = False,
 ) -> dict[str, Any]:
     import torch
 
@@ -332,7 +399,8 @@ def measure_softmax(
     out: dict[str, Any] = {"kernel": "softmax" if kind == "none" else "masked_softmax",
                            "dtype": dtype_name, "rows": ROWS, "cols": cols, "bytes": nbytes,
                            "copy_gbps": copy_gbps, "arms": {}}  # fmt: skip
-    for name, fn in _arms(case, cols, loops, measured):
+    arms = _even_arms(case, cols) if even_arms else _arms(case, cols, loops, measured)
+    for name, fn in arms:
 
         def error(f: Any = fn) -> float:
             case["y"].zero_()
@@ -498,6 +566,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-measured", action="store_true",
                    help="leave out the arms sessions 7-11 measured below the defaults "
                         "(LOOP_CONFIGS, PERSISTENT, ROW_PAIRS)")  # fmt: skip
+    p.add_argument("--even-arms", action="store_true",
+                   help="the single block as the launcher configures it, with and without EVEN "
+                        "and MASK_VEC (session 15), instead of the other arms")  # fmt: skip
     args = p.parse_args(argv)
 
     import torch
@@ -531,7 +602,9 @@ def main(argv: list[str] | None = None) -> int:
     for cols in [] if args.bias_act_only else args.cols:
         for kind in ("none", "bool"):
             for d in ("fp32", "bf16"):
-                job = lambda d=d, c=cols, k=kind: measure_softmax(d, c, k, loops, measured)  # noqa: E731
+                job = lambda d=d, c=cols, k=kind: measure_softmax(  # noqa: E731
+                    d, c, k, loops, measured, args.even_arms
+                )
                 jobs.append((f"{kind} {d} {cols}", job))
     start = time.monotonic()
     for name, job in jobs:

@@ -240,11 +240,16 @@ def _softmax_fwd_block(
     x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale,
     MASK_KIND: tl.constexpr, SAFE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_DIMS: tl.constexpr = 7, POS_SCALE: tl.constexpr = False, HEADS_INNER: tl.constexpr = 0,
+    MASK_VEC: tl.constexpr = 0, EVEN: tl.constexpr = False,
 ):  # fmt: skip
     xf, mf = _x_factor(scale, POS_SCALE), _mask_factor(scale, POS_SCALE)
     c = _exp_factor(scale, POS_SCALE)
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols[None, :] < N
+    if MASK_VEC > 0:
+        m_cols = tl.max_contiguous(tl.arange(0, BLOCK_N), MASK_VEC)
+    else:
+        m_cols = cols
     if HEADS_INNER > 0:
         # Experimental (softmax_forward's heads_inner): one row a program (BLOCK_M == 1), taken
         # with the heads innermost, so the programs in flight at once read each mask row for
@@ -262,7 +267,12 @@ def _softmax_fwd_block(
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         m_off = _mask_row_offset(rows.to(tl.int64), H, Q, smb, smh, smq, MASK_DIMS)
         m_ptrs = (m_ptr + m_off)[:, None]
-    inb = (rows[:, None] < M) & col_ok
+    if EVEN:
+        # N == BLOCK_N and M a multiple of BLOCK_M (the launcher's test): nothing to predicate.
+        inb = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)
+        col_ok = inb
+    else:
+        inb = (rows[:, None] < M) & col_ok
     row_start = (rows.to(tl.int64) * N)[:, None]
     # A bool mask loads 16 bytes a thread, more columns than x's 16-byte loads hold, and Triton
     # converts between the two layouts through shared memory. Giving the mask's offsets x's
@@ -270,7 +280,7 @@ def _softmax_fwd_block(
     # issued 5 of the 8 load pairs before computing: the masked bf16 forward at 4096 x 16384 ran
     # 113 us against 75 (Nsight Compute), fp32 74% of the copy against 88 (session 15,
     # kernels-h200/session15/maskvec). Not kept.
-    m_ptrs = m_ptrs + cols[None, :] * smk
+    m_ptrs = m_ptrs + m_cols[None, :] * smk
     z = _scores(
         x_ptr + row_start + cols[None, :], m_ptrs, inb, col_ok, xf, mf, MASK_KIND, POS_SCALE
     )
@@ -557,6 +567,8 @@ def softmax_forward(
     loop_maxnreg: int | None = None,
     rows_config: tuple[int, int, int] | None = None,
     heads_inner: bool | None = None,
+    mask_vec: bool = False,
+    even: bool = False,
 ) -> torch.Tensor:
     """softmax(scale * x + mask) over the last dim of a contiguous `x`.
 
@@ -614,10 +626,14 @@ def softmax_forward(
         maxnreg = forward_maxnreg(n, masked, itemsize)
         if heads:
             block_m, num_warps = 1, max(1, num_warps // block_m)
+        # Experimental (kernel_configs.py): EVEN drops the predicates where rows fill the
+        # block and the grid; MASK_VEC gives a mask the load width of x's.
+        exact = even and n == block_n and m % block_m == 0
+        vec = 16 // itemsize if mask_vec and masked else 0
         launchable(_softmax_fwd_block)[(cdiv(m, block_m),)](
             *common, MASK_KIND=kind, SAFE=safe, BLOCK_M=block_m, BLOCK_N=block_n,
-            MASK_DIMS=dims, POS_SCALE=pos_scale, HEADS_INNER=heads, num_warps=num_warps,
-            **({} if maxnreg is None else {"maxnreg": maxnreg}),
+            MASK_DIMS=dims, POS_SCALE=pos_scale, HEADS_INNER=heads, MASK_VEC=vec, EVEN=exact,
+            num_warps=num_warps, **({} if maxnreg is None else {"maxnreg": maxnreg}),
         )  # fmt: skip
     else:
         grid = m if loop_programs is None else max(1, min(m, loop_programs))
