@@ -108,6 +108,30 @@ def test_the_heads_inner_order_compiles_without_spills_and_divides_once(
     assert divisions[0] <= max(1, divisions[1]), divisions
 
 
+@pytest.mark.parametrize(
+    ("block_n", "warps", "maxnreg"), [(8192, 16, None), (16384, 16, 64), (32768, 32, None)]
+)
+def test_the_even_masked_fp32_block_needs_no_layout_conversion(block_n, warps, maxnreg):
+    # The heads-innermost masked fp32 forward where rows fill the block (EVEN, MASK_VEC), as
+    # the launcher runs it on an aligned [1, 1, Q, K] mask: as many shared-memory stores as the
+    # unmasked forward's two reductions take (the mask at its own width converts the output
+    # through shared memory before the store: 8 vector stores a thread more at 16384), and no
+    # spills.
+    sig = {"x_ptr": "*fp32", "y_ptr": "*fp32", **ROW_ARGS, **MASK_ARGS}
+    del sig["smk"]
+    consts = {"MASK_KIND": 1, "SAFE": True, "BLOCK_M": 1, "BLOCK_N": block_n, "MASK_DIMS": 4,
+              "POS_SCALE": True, "HEADS_INNER": 8, "EVEN": True, "smk": 1}  # fmt: skip
+    cap = {} if maxnreg is None else {"maxnreg": maxnreg}
+    vec = _compile(_softmax._softmax_fwd_block, sig, {**consts, "MASK_VEC": 4}, warps,
+                   aligned=ALIGNED, **cap)  # fmt: skip
+    own = _compile(_softmax._softmax_fwd_block, sig, consts, warps, aligned=ALIGNED, **cap)
+    plain = _compile(_softmax._softmax_fwd_block, sig, {**consts, "MASK_KIND": 0, "SAFE": False},
+                     warps, aligned=ALIGNED, **cap)  # fmt: skip
+    stores = [c.asm["ptx"].count("st.shared") for c in (vec, plain, own)]
+    assert stores[0] == stores[1] < stores[2], stores
+    assert _ptxas_spills(vec) == 0
+
+
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("n", [2048, 8192, 12672])
 def test_masked_softmax_forward_at_32_values_per_thread_does_not_spill(dtype, n):
@@ -215,7 +239,7 @@ def test_the_masked_fp32_forward_launches_heads_innermost_where_heads_share_its_
     # interpreter tests check what each order computes).
     import torch
 
-    launches = []
+    launches, flags = [], []
 
     class Recorder:
         def __init__(self, kernel):
@@ -232,12 +256,32 @@ def test_the_masked_fp32_forward_launches_heads_innermost_where_heads_share_its_
         mask = torch.ones(*mask_shape, cols, dtype=torch.bool)
         _softmax.softmax_forward(x, mask, 0.5, True, **options)
         ((kernel, grid, kw),) = launches
+        flags.append((kw.get("EVEN"), kw.get("MASK_VEC")))
         return kernel, grid, kw.get("HEADS_INNER"), kw["num_warps"]
 
     block, rows = _softmax._softmax_fwd_block, _softmax._softmax_fwd_rows
     fp32, bf16 = torch.float32, torch.bfloat16
     assert launch(fp32, (1, 1, 3), 8192) == (block, (12,), 4, 16)
     assert launch(fp32, (1, 1, 3), 12672)[2:] == (4, 16)
+    # Rows that fill their block run unpredicated (EVEN), and the heads-innermost fp32 one
+    # loads its mask at x's width (MASK_VEC, 4 columns); a padded row neither.
+    assert flags[-1] == (False, 0)  # 12672 above: padded to 16384
+    launch(fp32, (1, 1, 3), 8192)
+    assert flags[-1] == (True, 4)
+    launch(bf16, (1, 1, 3), 16384)
+    assert flags[-1] == (True, 0)
+    launch(fp32, (1, 4, 3), 16384)  # a mask per head: the default order, its mask's own width
+    assert flags[-1] == (True, 0)
+    launch(fp32, (1, 1, 3), 8192, even=False)
+    assert flags[-1] == (False, 0)
+    launch(fp32, (1, 1, 3), 8192, even=False, mask_vec=True)
+    assert flags[-1] == (False, 4)
+    # Without a mask: EVEN where a row fills the block alone, never MASK_VEC.
+    for cols, even in ((4096, True), (6000, False), (2048, False)):  # 2048: two rows a block
+        launches.clear()
+        _softmax.softmax_forward(torch.zeros(4, cols))
+        ((_, _, kw),) = launches
+        assert (kw["EVEN"], kw["MASK_VEC"]) == (even, 0), cols
     # Where ROWS_LOOP's rows kernel took masked fp32 rows of 32768: the 32-warp block.
     assert launch(fp32, (1, 1, 3), 32768) == (block, (12,), 4, 32)
     assert launch(fp32, (1, 1, 3), 32768, heads_inner=False)[0] is rows

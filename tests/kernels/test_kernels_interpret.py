@@ -103,6 +103,27 @@ def test_long_rows_take_their_kernels_and_compute_softmax(interpreted, dtype):
     assert torch.equal(y[0, :, 1], torch.zeros(2, 8192, dtype=dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_unpredicated_block_and_mask_width_compute_the_same_softmax(interpreted, dtype):
+    # Rows of 4096 fill their block: EVEN drops the predicates and MASK_VEC loads the mask at
+    # x's width, each on and off, with a mask shared by the heads (a fully masked row, a row
+    # masked past its 7th column), an additive causal one, and none.
+    x = _randn((2, 2, 3, 4096), dtype, seed=4)
+    shared = torch.ones(2, 1, 3, 4096, dtype=torch.bool)
+    shared[1, 0, 1] = False
+    shared[0, 0, 2, 7:] = False
+    causal = torch.zeros(3, 4096).masked_fill(torch.ones(3, 4096).triu(1) > 0, float("-inf"))
+    for mask in (shared, causal.to(dtype), None):
+        ref = masked_softmax_ref(x, mask, 0.5)
+        for even, vec in ((True, True), (True, False), (False, True)):
+            y = interpreted("_softmax", "softmax_forward", x, mask, 0.5, mask is not None,
+                            even=even, mask_vec=vec)  # fmt: skip
+            what = f"{'no' if mask is None else mask.dtype} mask, even={even}, vec={vec}"
+            assert_close(y, ref, dtype, what)
+            if mask is shared:
+                assert torch.equal(y[1, :, 1], torch.zeros(2, 4096, dtype=dtype)), what
+
+
 @pytest.mark.parametrize(
     "kw",
     [{"loop_l2_hints": True}, {"loop_chunk_stats": True, "loop_maxnreg": 32}],

@@ -84,6 +84,15 @@ MASKED_FP32_WIDE_MAXNREG = 64
 # forward's 134), yet it ran 4% slower (78.4 us against 75.4), and kernel_configs.py put the
 # order 1-10 points behind at 8192-16384 and level at 32768: bf16 and fp16 keep the default.
 HEADS_INNER_MIN_BLOCK_N = 8192
+# The single block drops its predicates (EVEN) where a row fills it (N == BLOCK_N, one row a
+# program), and the heads-innermost masked fp32 forward there loads its bool mask at x's width
+# (MASK_VEC: 4 columns a thread, no layout conversion through shared memory). H200, session 15
+# (kernels-h200/session15/even/, kernel_configs.py --even-arms, % of the copy at 4096 rows,
+# as configured / EVEN / both): masked fp32 32768 87 / 90 / 93 (ROWS_LOOP's rows kernel 81),
+# 16384 92 / 92 / 93, 8192 94 / 94 / 94; softmax bf16 4096 95 / 97, 8192 97 / 99, fp32 4096
+# 96 / 98; the rest within a point. MASK_VEC with predicates lost everywhere (fp32 16384 77%):
+# ptxas then issued 5 of 8 load pairs before computing on them. The masked bf16 forward gained
+# nothing from either (16384 85 / 85 / 84) and keeps its mask's own width.
 
 
 @triton.jit
@@ -247,14 +256,16 @@ def _softmax_fwd_block(
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols[None, :] < N
     if MASK_VEC > 0:
+        # Its own range: tl.max_contiguous sets an attribute on the op that makes the range, so
+        # x's offsets (cols) keep theirs.
         m_cols = tl.max_contiguous(tl.arange(0, BLOCK_N), MASK_VEC)
     else:
         m_cols = cols
     if HEADS_INNER > 0:
-        # Experimental (softmax_forward's heads_inner): one row a program (BLOCK_M == 1), taken
-        # with the heads innermost, so the programs in flight at once read each mask row for
-        # every head within a short time, while it is in L2. HEADS_INNER is H (a constexpr: the
-        # division by it is a multiply); one division by Q a program, as the default order's.
+        # heads_inner_order: one row a program (BLOCK_M == 1), taken with the heads innermost,
+        # so the programs in flight at once read each mask row for every head within a short
+        # time, while it is in L2. HEADS_INNER is H (a constexpr: the division by it is a
+        # multiply); one division by Q a program, as the default order's.
         pid = tl.program_id(0)
         bq = pid // HEADS_INNER  # batch * Q + query
         head = pid - bq * HEADS_INNER
@@ -274,12 +285,13 @@ def _softmax_fwd_block(
     else:
         inb = (rows[:, None] < M) & col_ok
     row_start = (rows.to(tl.int64) * N)[:, None]
-    # A bool mask loads 16 bytes a thread, more columns than x's 16-byte loads hold, and Triton
-    # converts between the two layouts through shared memory. Giving the mask's offsets x's
-    # width (tl.max_contiguous of 8 bf16 / 4 fp32 columns) removed the conversion, but ptxas then
-    # issued 5 of the 8 load pairs before computing: the masked bf16 forward at 4096 x 16384 ran
-    # 113 us against 75 (Nsight Compute), fp32 74% of the copy against 88 (session 15,
-    # kernels-h200/session15/maskvec). Not kept.
+    # A bool mask loads 16 bytes a thread, more columns than x's 16-byte loads hold: Triton
+    # then loads x in the mask's layout, two 16-byte loads a thread 32 bytes apart (Nsight
+    # Compute: 29-31% of the sectors excess) and converts the output through shared memory
+    # before the store. MASK_VEC gives the mask's offsets x's width (tl.max_contiguous), which
+    # removes both; with predicates ptxas then issues 5 of the 8 load pairs before computing on
+    # them (bf16 at 4096 x 16384: 113 us against 75), without them (EVEN) all up front
+    # (HEADS_INNER_MIN_BLOCK_N's note has the measurements).
     m_ptrs = m_ptrs + m_cols[None, :] * smk
     z = _scores(
         x_ptr + row_start + cols[None, :], m_ptrs, inb, col_ok, xf, mf, MASK_KIND, POS_SCALE
@@ -500,6 +512,12 @@ def heads_inner_order(n_cols: int, dims: int, itemsize: int, heads: int) -> bool
     return bool(shared) and wide and itemsize == 4 and heads > 1
 
 
+def even_block(n_cols: int, block_m: int, block_n: int) -> bool:
+    """Whether the single block runs without predicates (EVEN): one row a program, filling
+    the block."""
+    return block_m == 1 and n_cols == block_n
+
+
 def forward_maxnreg(n_cols: int, masked: bool, itemsize: int) -> int | None:
     """ptxas's register cap for the single-block forward over rows of `n_cols`, or None:
     MASKED_FP32_WIDE_MAXNREG for the masked fp32 forward in 16384-element blocks on NVIDIA GPUs."""
@@ -567,8 +585,8 @@ def softmax_forward(
     loop_maxnreg: int | None = None,
     rows_config: tuple[int, int, int] | None = None,
     heads_inner: bool | None = None,
-    mask_vec: bool = False,
-    even: bool = False,
+    mask_vec: bool | None = None,
+    even: bool | None = None,
 ) -> torch.Tensor:
     """softmax(scale * x + mask) over the last dim of a contiguous `x`.
 
@@ -585,7 +603,9 @@ def softmax_forward(
     there (tests, benchmarks). `heads_inner` True makes a single-block forward over several heads
     take one row a program, heads innermost (the block kernel's HEADS_INNER), False never; None
     leaves it to heads_inner_order (the masked fp32 forward with a mask shared by the heads),
-    which goes before ROWS_LOOP.
+    which goes before ROWS_LOOP. `even` (no predicates; only where rows fill the block and the
+    grid) and `mask_vec` (the mask at x's load width) choose the block's EVEN and MASK_VEC; None
+    leaves them to even_block and, for MASK_VEC, to the heads-innermost fp32 forward with EVEN.
     """
     y, kind, common = forward_args(x, mask, scale)
     if x.numel() == 0:
@@ -626,9 +646,11 @@ def softmax_forward(
         maxnreg = forward_maxnreg(n, masked, itemsize)
         if heads:
             block_m, num_warps = 1, max(1, num_warps // block_m)
-        # Experimental (kernel_configs.py): EVEN drops the predicates where rows fill the
-        # block and the grid; MASK_VEC gives a mask the load width of x's.
-        exact = even and n == block_n and m % block_m == 0
+        # EVEN and MASK_VEC where the H200 measured them faster (even_block), unless told.
+        fits = n == block_n and m % block_m == 0
+        exact = fits and (even_block(n, block_m, block_n) if even is None else even)
+        if mask_vec is None:
+            mask_vec = bool(heads) and exact and itemsize == 4
         vec = 16 // itemsize if mask_vec and masked else 0
         launchable(_softmax_fwd_block)[(cdiv(m, block_m),)](
             *common, MASK_KIND=kind, SAFE=safe, BLOCK_M=block_m, BLOCK_N=block_n,
