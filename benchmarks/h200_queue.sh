@@ -327,6 +327,15 @@ phases-kernels-even)
     --even-arms --cols 32768 16384 12672 8192 4096
   echo "$(date +%T) all done" >>"$ROOT/status.txt"
   ;;
+phases-kernels-even-warps)
+  # One GPU, ~2 minutes (session 15): the masked bf16 forward unpredicated, with and without its
+  # mask at x's width, at 4, 8, 16 and 32 warps (its layout then matches the unmasked one's,
+  # whose best is 32 warps).
+  nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
+  job kernel_configs 200 python3 benchmarks/kernel_configs.py --out "$ROOT/configs" --no-bias-act \
+    --even-arms --even-warps 4 8 16 32 --kinds bool --dtypes bf16 --cols 32768 16384 8192
+  echo "$(date +%T) all done" >>"$ROOT/status.txt"
+  ;;
 phases-kernels-final)
   # One GPU, ~6 minutes (session 14): the GPU tests and the bandwidth table after the bf16 rows
   # kernel for padded 8193-16383 rows and the median host time, then where one eager call's host

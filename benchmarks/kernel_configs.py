@@ -243,12 +243,15 @@ def _launch_args(case: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
     return args, kw
 
 
-def _even_arms(case: dict[str, Any], cols: int) -> list[tuple[str, Any]]:
+def _even_arms(
+    case: dict[str, Any], cols: int, warps_list: tuple[int, ...] = ()
+) -> list[tuple[str, Any]]:
     """Session 15: the single-block forward as the launcher configures it (forward_config's
     warps, forward_maxnreg's cap, heads_inner_order's row order), plain, with EVEN (no
     predicates: the row fills its block), with MASK_VEC (a bool mask at x's load width: no
     layout conversion, but ptxas then held back 3 of 8 load pairs where the loads were
-    predicated), and with both; ROWS_LOOP's rows kernel beside them where it is the default."""
+    predicated), and with both; ROWS_LOOP's rows kernel beside them where it is the default.
+    `warps_list` adds the same variants at other warps (uncapped)."""
     import torch
 
     from torchkiln.kernels import _softmax as ks
@@ -272,14 +275,20 @@ def _even_arms(case: dict[str, Any], cols: int) -> list[tuple[str, Any]]:
         variants.append((" vec", vec))
         if cols == block_n:
             variants.append((" vec even", {**vec, "EVEN": True}))
-    name = f"block w{warps}{'' if cap is None else f' r{cap}'}{' heads-inner' if heads else ''}"
+    inner = " heads-inner" if heads else ""
+    configs = [(f"block w{warps}{'' if cap is None else f' r{cap}'}{inner}", fixed)]
+    for w in warps_list:
+        if w != warps and 1 <= block_n // (32 * w) <= 64:
+            other = {k: v for k, v in fixed.items() if k != "maxnreg"}
+            configs.append((f"block w{w}{inner}", {**other, "num_warps": w}))
     arms = []
-    for suffix, extra in variants:
+    for name, launch in configs:
+        for suffix, extra in variants:
 
-        def block(k: dict = extra) -> None:
-            ks._softmax_fwd_block[(ROWS,)](*args, **fixed, **k)
+            def block(f: dict = launch, k: dict = extra) -> None:
+                ks._softmax_fwd_block[(ROWS,)](*args, **f, **k)
 
-        arms.append((name + suffix, block))
+            arms.append((name + suffix, block))
     rows = ks.rows_loop(cols, masked, itemsize)
     if rows is not None:
         rows_warps, per_sm, stages = rows
@@ -386,6 +395,7 @@ def measure_softmax(
     loops: bool = True,
     measured: bool = True,
     even_arms: bool = False,
+    even_warps: tuple[int, ...] = (),
 ) -> dict[str, Any]:
     import torch
 
@@ -399,7 +409,10 @@ def measure_softmax(
     out: dict[str, Any] = {"kernel": "softmax" if kind == "none" else "masked_softmax",
                            "dtype": dtype_name, "rows": ROWS, "cols": cols, "bytes": nbytes,
                            "copy_gbps": copy_gbps, "arms": {}}  # fmt: skip
-    arms = _even_arms(case, cols) if even_arms else _arms(case, cols, loops, measured)
+    if even_arms:
+        arms = _even_arms(case, cols, even_warps)
+    else:
+        arms = _arms(case, cols, loops, measured)
     for name, fn in arms:
 
         def error(f: Any = fn) -> float:
@@ -569,6 +582,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--even-arms", action="store_true",
                    help="the single block as the launcher configures it, with and without EVEN "
                         "and MASK_VEC (session 15), instead of the other arms")  # fmt: skip
+    p.add_argument("--even-warps", type=int, nargs="*", default=[],
+                   help="with --even-arms: the same variants at these warps too")  # fmt: skip
+    p.add_argument(
+        "--kinds",
+        nargs="+",
+        choices=["none", "bool"],
+        default=["none", "bool"],
+        help="softmax without a mask, with the bench's bool mask, or both",
+    )
+    p.add_argument("--dtypes", nargs="+", choices=["fp32", "bf16"], default=["fp32", "bf16"])
     args = p.parse_args(argv)
 
     import torch
@@ -600,10 +623,10 @@ def main(argv: list[str] | None = None) -> int:
     ]
     loops, measured = not args.no_loop, not args.skip_measured
     for cols in [] if args.bias_act_only else args.cols:
-        for kind in ("none", "bool"):
-            for d in ("fp32", "bf16"):
+        for kind in args.kinds:
+            for d in args.dtypes:
                 job = lambda d=d, c=cols, k=kind: measure_softmax(  # noqa: E731
-                    d, c, k, loops, measured, args.even_arms
+                    d, c, k, loops, measured, args.even_arms, tuple(args.even_warps)
                 )
                 jobs.append((f"{kind} {d} {cols}", job))
     start = time.monotonic()
