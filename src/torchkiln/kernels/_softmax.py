@@ -60,6 +60,8 @@ LONG_ROW_LOOP = {4: (16384, 32), 2: (8192, 16)}
 # 16 warps, 2 programs an SM, 3 stages (the chunk-statistics loop 80%, the block 64%); masked fp32
 # 83% and bf16 66% at 32 warps, one program an SM, no pipelining (the block 77% / 62%). fp32
 # without a mask keeps the chunk-statistics loop (97%; rows 92%). fp16 takes bf16's (unmeasured).
+# A masked fp32 forward whose heads share the mask takes the block heads innermost instead
+# (heads_inner_order, EVEN: 93% against 81%, session 15).
 ROWS_LOOP = {(False, 2): (16, 2, 3), (True, 4): (32, 1, 1), (True, 2): (32, 1, 1)}
 # Rows of 8193-16383 elements, whose 16384-element block is padded, that the rows kernel takes.
 # H200, session 14 (kernel_configs.py, 4096 rows, % of the copy, the block's best warps against
