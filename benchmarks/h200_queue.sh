@@ -336,6 +336,17 @@ phases-kernels-even-warps)
     --even-arms --even-warps 4 8 16 32 --kinds bool --dtypes bf16 --cols 32768 16384 8192
   echo "$(date +%T) all done" >>"$ROOT/status.txt"
   ;;
+phases-kernels-even-rows)
+  # One GPU, ~4 minutes (session 15): the masked bf16 forward in the persistent rows kernel
+  # (its pipeline loads the next row while this one is reduced), plain, unpredicated (EVEN) and
+  # with its mask at x's width too (MASK_VEC), then the kernels' GPU tests.
+  nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
+  job kernel_configs 200 python3 benchmarks/kernel_configs.py --out "$ROOT/configs" --no-bias-act \
+    --even-arms --even-rows 32:1:1 16:2:3 16:1:2 16:2:2 8:2:3 --kinds bool --dtypes bf16 \
+    --cols 32768 16384 8192
+  job kernels_tests 200 python3 -m pytest -q -m gpu tests/kernels
+  echo "$(date +%T) all done" >>"$ROOT/status.txt"
+  ;;
 phases-kernels-final)
   # One GPU, ~6 minutes (session 14): the GPU tests and the bandwidth table after the bf16 rows
   # kernel for padded 8193-16383 rows and the median host time, then where one eager call's host

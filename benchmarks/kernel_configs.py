@@ -244,14 +244,18 @@ def _launch_args(case: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
 
 
 def _even_arms(
-    case: dict[str, Any], cols: int, warps_list: tuple[int, ...] = ()
+    case: dict[str, Any],
+    cols: int,
+    warps_list: tuple[int, ...] = (),
+    rows_list: tuple[tuple[int, int, int], ...] = (),
 ) -> list[tuple[str, Any]]:
     """Session 15: the single-block forward as the launcher configures it (forward_config's
     warps, forward_maxnreg's cap, heads_inner_order's row order), plain, with EVEN (no
     predicates: the row fills its block), with MASK_VEC (a bool mask at x's load width: no
     layout conversion, but ptxas then held back 3 of 8 load pairs where the loads were
     predicated), and with both; ROWS_LOOP's rows kernel beside them where it is the default.
-    `warps_list` adds the same variants at other warps (uncapped)."""
+    `warps_list` adds the same variants at other warps (uncapped), `rows_list` the persistent
+    rows kernel at these (warps, programs an SM, stages), plain and with EVEN and MASK_VEC."""
     import torch
 
     from torchkiln.kernels import _softmax as ks
@@ -289,6 +293,16 @@ def _even_arms(
                 ks._softmax_fwd_block[(ROWS,)](*args, **f, **k)
 
             arms.append((name + suffix, block))
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    for rows_warps, per_sm, stages in rows_list:
+        for suffix, extra in [v for v in variants if "EVEN" in v[1] or not v[1]]:
+
+            def rows_variant(w: int = rows_warps, g: int = min(ROWS, per_sm * sms),
+                             st: int = stages, k: dict = extra) -> None:  # fmt: skip
+                launch = ks._softmax_fwd_rows[(g,)]
+                launch(*args, **kw, BLOCK_N=block_n, STAGES=st, num_warps=w, **k)
+
+            arms.append((f"rows w{rows_warps} {per_sm}/SM s{stages}{suffix}", rows_variant))
     rows = ks.rows_loop(cols, masked, itemsize)
     if rows is not None:
         rows_warps, per_sm, stages = rows
@@ -396,6 +410,7 @@ def measure_softmax(
     measured: bool = True,
     even_arms: bool = False,
     even_warps: tuple[int, ...] = (),
+    even_rows: tuple[tuple[int, int, int], ...] = (),
 ) -> dict[str, Any]:
     import torch
 
@@ -410,7 +425,7 @@ def measure_softmax(
                            "dtype": dtype_name, "rows": ROWS, "cols": cols, "bytes": nbytes,
                            "copy_gbps": copy_gbps, "arms": {}}  # fmt: skip
     if even_arms:
-        arms = _even_arms(case, cols, even_warps)
+        arms = _even_arms(case, cols, even_warps, even_rows)
     else:
         arms = _arms(case, cols, loops, measured)
     for name, fn in arms:
@@ -584,6 +599,9 @@ def main(argv: list[str] | None = None) -> int:
                         "and MASK_VEC (session 15), instead of the other arms")  # fmt: skip
     p.add_argument("--even-warps", type=int, nargs="*", default=[],
                    help="with --even-arms: the same variants at these warps too")  # fmt: skip
+    p.add_argument("--even-rows", nargs="*", default=[], metavar="W:P:S",
+                   help="with --even-arms: the rows kernel at warps:programs an SM:stages, "
+                        "plain, EVEN, and EVEN with MASK_VEC")  # fmt: skip
     p.add_argument(
         "--kinds",
         nargs="+",
@@ -622,11 +640,12 @@ def main(argv: list[str] | None = None) -> int:
         for d in ("bf16", "fp32")
     ]
     loops, measured = not args.no_loop, not args.skip_measured
+    rows = tuple(tuple(int(v) for v in spec.split(":")) for spec in args.even_rows)
     for cols in [] if args.bias_act_only else args.cols:
         for kind in args.kinds:
             for d in args.dtypes:
                 job = lambda d=d, c=cols, k=kind: measure_softmax(  # noqa: E731
-                    d, c, k, loops, measured, args.even_arms, tuple(args.even_warps)
+                    d, c, k, loops, measured, args.even_arms, tuple(args.even_warps), rows
                 )
                 jobs.append((f"{kind} {d} {cols}", job))
     start = time.monotonic()

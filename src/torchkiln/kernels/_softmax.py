@@ -306,7 +306,8 @@ def _softmax_fwd_block(
 def _softmax_fwd_rows(
     x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale,
     MASK_KIND: tl.constexpr, SAFE: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
-    MASK_DIMS: tl.constexpr = 7, POS_SCALE: tl.constexpr = False,
+    MASK_DIMS: tl.constexpr = 7, POS_SCALE: tl.constexpr = False, MASK_VEC: tl.constexpr = 0,
+    EVEN: tl.constexpr = False,
 ):  # fmt: skip
     # The single block made persistent: a grid of a few programs per SM, each taking rows
     # pid, pid + G, ... and, with STAGES > 1, Triton's software pipeliner loading the next rows
@@ -316,11 +317,13 @@ def _softmax_fwd_rows(
     xf, mf = _x_factor(scale, POS_SCALE), _mask_factor(scale, POS_SCALE)
     c = _exp_factor(scale, POS_SCALE)
     cols = tl.arange(0, BLOCK_N)
-    col_ok = cols < N
+    # EVEN and MASK_VEC as in _softmax_fwd_block (experimental here: kernel_configs.py).
+    col_ok = tl.full([BLOCK_N], 1, tl.int1) if EVEN else cols < N
+    m_cols = tl.max_contiguous(tl.arange(0, BLOCK_N), MASK_VEC) if MASK_VEC > 0 else cols
     for r in tl.range(tl.program_id(0), M, tl.num_programs(0), num_stages=STAGES):
         row = r + tl.full([], 0, tl.int64)  # int64 addressing (the interpreter gives an int)
         m_row = m_ptr + _mask_row_offset(row, H, Q, smb, smh, smq, MASK_DIMS)
-        m_ptrs = m_row + cols * smk
+        m_ptrs = m_row + m_cols * smk
         z = _scores(x_ptr + row * N + cols, m_ptrs, col_ok, col_ok, xf, mf, MASK_KIND, POS_SCALE)
         y = _normalise(z, c, SAFE, 0, POS_SCALE).to(y_ptr.dtype.element_ty)
         tl.store(y_ptr + row * N + cols, y, mask=col_ok)
