@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from torchkiln.kernels._launch import cdiv, launchable, next_power_of_2
+from torchkiln.kernels._launch import cdiv, is_interpreted, launchable, next_power_of_2
 
 # A row up to this many elements can be held in registers by one program: one read, one write.
 # Longer rows take the looped online-softmax kernel, which reads the row twice (with the L2 hints
@@ -331,6 +331,67 @@ def _softmax_fwd_rows(
 
 
 @triton.jit
+def _softmax_fwd_split(
+    x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale, stat_ptr, count_ptr,
+    MASK_KIND: tl.constexpr, SAFE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+    SPLIT_P2: tl.constexpr, MASK_DIMS: tl.constexpr = 7, POS_SCALE: tl.constexpr = False,
+    EVEN: tl.constexpr = False, MASK_VEC: tl.constexpr = 0, PASS: tl.constexpr = 0,
+):  # fmt: skip
+    # One row split across SPLIT programs, each holding a BLOCK_N chunk in registers: a long
+    # row in one block leaves its SM with one or two programs, idle while they reduce. Each
+    # program reduces its chunk to (max, sum of exp2 against that max), publishes the pair in
+    # stat_ptr ([M, SPLIT, 2] fp32), counts itself into count_ptr ([M] int32, zeroed by the
+    # launcher) with release semantics, waits for the row's other parts (acquire), then scales
+    # its chunk by exp2(its max - the row's) / the row's sum and stores it: x read once, y
+    # written once. Programs p, p + G, ... take part p % SPLIT of rows p // SPLIT, ... (G the
+    # grid, a multiple of SPLIT), so a row's parts run in one wave; the wait needs every
+    # program of the grid resident at once, which the launcher's cooperative launch
+    # guarantees (or refuses). PASS 1 only publishes and PASS 2 only finishes, without
+    # waiting: Triton's interpreter runs programs one after another, so a wait would never end
+    # there; the tests run the two passes as two launches.
+    xf, mf = _x_factor(scale, POS_SCALE), _mask_factor(scale, POS_SCALE)
+    c = _exp_factor(scale, POS_SCALE)
+    pid = tl.program_id(0)
+    part = pid % SPLIT
+    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = tl.full([BLOCK_N], 1, tl.int1) if EVEN else cols < N
+    m_base = tl.arange(0, BLOCK_N)
+    if MASK_VEC > 0:
+        m_base = tl.max_contiguous(m_base, MASK_VEC)
+    m_cols = part * BLOCK_N + m_base
+    parts = tl.arange(0, SPLIT_P2)
+    for r in range(pid // SPLIT, M, tl.num_programs(0) // SPLIT):
+        row = r + tl.full([], 0, tl.int64)  # int64 addressing (the interpreter gives an int)
+        m_row = m_ptr + _mask_row_offset(row, H, Q, smb, smh, smq, MASK_DIMS)
+        z = _scores(x_ptr + row * N + cols, m_row + m_cols * smk, col_ok, col_ok, xf, mf,
+                    MASK_KIND, POS_SCALE)  # fmt: skip
+        part_max = tl.max(z, axis=0)  # -inf where the chunk has no finite score
+        e = _exp2_shifted(z, _finite(part_max), c, POS_SCALE)
+        slot = stat_ptr + (row * SPLIT + part) * 2
+        if PASS != 2:
+            tl.store(slot, part_max)
+            tl.store(slot + 1, tl.sum(e, axis=0))
+            # Every thread's view of the stores before the one that counts (release, cumulative).
+            tl.debug_barrier()
+            tl.atomic_add(count_ptr + row, 1, sem="release", scope="gpu")
+        if PASS != 1:
+            if PASS == 0:
+                seen = tl.atomic_add(count_ptr + row, 0, sem="acquire", scope="gpu")
+                while seen < SPLIT:
+                    seen = tl.atomic_add(count_ptr + row, 0, sem="acquire", scope="gpu")
+                tl.debug_barrier()
+            # .cg: from L2, never a line of this SM's L1 that another program loaded earlier.
+            row_slots = stat_ptr + (row * SPLIT + parts) * 2
+            ok = parts < SPLIT
+            maxes = tl.load(row_slots, mask=ok, other=float("-inf"), cache_modifier=".cg")
+            sums = tl.load(row_slots + 1, mask=ok, other=0.0, cache_modifier=".cg")
+            row_max = _finite(tl.max(maxes, axis=0))
+            total = tl.sum(sums * _exp2_shifted(maxes, row_max, c, POS_SCALE), axis=0)
+            f = _exp2_shifted(part_max, row_max, c, POS_SCALE) * _inverse(total, SAFE)
+            tl.store(y_ptr + row * N + cols, (e * f).to(y_ptr.dtype.element_ty), mask=col_ok)
+
+
+@triton.jit
 def _softmax_fwd_loop(
     x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale,
     MASK_KIND: tl.constexpr, SAFE: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -590,6 +651,7 @@ def softmax_forward(
     loop_chunk_stats: bool = False,
     loop_maxnreg: int | None = None,
     rows_config: tuple[int, int, int] | None = None,
+    split_config: tuple[int, int, int] | None = None,
     heads_inner: bool | None = None,
     mask_vec: bool | None = None,
     even: bool | None = None,
@@ -606,7 +668,8 @@ def softmax_forward(
     without a mask take the loop with per-chunk statistics and hints (LONG_ROW_LOOP), whatever
     those parameters say, and rows of 16385-32768 the persistent rows kernel where ROWS_LOOP
     has their kind; `rows_config` (warps, programs per SM, stages) sends rows of any length
-    there (tests, benchmarks). `heads_inner` True makes a single-block forward over several heads
+    there (tests, benchmarks). `split_config` (parts, warps, programs per SM) splits each row
+    across that many programs of the split kernel (_softmax_fwd_split). `heads_inner` True makes a single-block forward over several heads
     take one row a program, heads innermost (the block kernel's HEADS_INNER), False never; None
     leaves it to heads_inner_order (the masked fp32 forward with a mask shared by the heads),
     which goes before ROWS_LOOP. `even` (no predicates; only where rows fill the block and the
@@ -626,6 +689,9 @@ def softmax_forward(
     if heads_inner is None:
         heads_inner = not explicit and heads_inner_order(n, dims, itemsize, h)
     heads = h if heads_inner and h > 1 and n <= max_block_n else 0
+    if split_config is not None:
+        split_forward(common, kind, safe, dims, pos_scale, split_config, mask_vec)
+        return y
     if not explicit and not heads and max_block_n == MAX_BLOCK_N:
         rows_config = rows_loop(n, masked, itemsize)
     if rows_config is not None:
@@ -672,6 +738,44 @@ def softmax_forward(
             POS_SCALE=pos_scale, num_warps=loop_warps, **cap,
         )  # fmt: skip
     return y
+
+
+def split_forward(
+    common: tuple,
+    kind: int,
+    safe: bool,
+    dims: int,
+    pos_scale: bool,
+    config: tuple[int, int, int],
+    mask_vec: bool | None = None,
+) -> None:
+    """Launch _softmax_fwd_split over `common` (forward_args) with `config` (parts a row, warps,
+    programs per SM). On a GPU one cooperative launch: the driver refuses a grid that cannot be
+    resident at once rather than let the waiting programs hang. Under Triton's interpreter,
+    which runs one program at a time, two launches (publish, then finish). `mask_vec` loads a
+    bool mask at x's width; None: only where the chunks fill the row (no predicates)."""
+    x, m, n = common[0], common[3], common[4]
+    split, warps, per_sm = config
+    block_n = next_power_of_2(cdiv(n, split))
+    split = cdiv(n, block_n)  # no part past the row's end
+    even = n == split * block_n
+    if mask_vec is None:
+        mask_vec = even
+    vec = 16 // x.element_size() if mask_vec and kind == MASK_BOOL else 0
+    stats = torch.empty(m * split * 2, dtype=torch.float32, device=x.device)
+    counts = torch.zeros(m, dtype=torch.int32, device=x.device)
+    sms, _ = _device(x)
+    grid = max(1, min(m, per_sm * sms // split)) * split
+    kernel = launchable(_softmax_fwd_split)
+    meta = dict(
+        MASK_KIND=kind, SAFE=safe, BLOCK_N=block_n, SPLIT=split, SPLIT_P2=next_power_of_2(split),
+        MASK_DIMS=dims, POS_SCALE=pos_scale, EVEN=even, MASK_VEC=vec, num_warps=warps,
+    )  # fmt: skip
+    if is_interpreted(_softmax_fwd_split):
+        kernel[(grid,)](*common, stats, counts, PASS=1, **meta)
+        kernel[(grid,)](*common, stats, counts, PASS=2, **meta)
+    else:
+        kernel[(grid,)](*common, stats, counts, PASS=0, launch_cooperative_grid=True, **meta)
 
 
 def softmax_backward(
