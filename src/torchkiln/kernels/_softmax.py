@@ -668,13 +668,14 @@ def softmax_forward(
     without a mask take the loop with per-chunk statistics and hints (LONG_ROW_LOOP), whatever
     those parameters say, and rows of 16385-32768 the persistent rows kernel where ROWS_LOOP
     has their kind; `rows_config` (warps, programs per SM, stages) sends rows of any length
-    there (tests, benchmarks). `split_config` (parts, warps, programs per SM) splits each row
-    across that many programs of the split kernel (_softmax_fwd_split). `heads_inner` True makes a single-block forward over several heads
-    take one row a program, heads innermost (the block kernel's HEADS_INNER), False never; None
-    leaves it to heads_inner_order (the masked fp32 forward with a mask shared by the heads),
-    which goes before ROWS_LOOP. `even` (no predicates; only where rows fill the block and the
-    grid) and `mask_vec` (the mask at x's load width) choose the block's EVEN and MASK_VEC; None
-    leaves them to even_block and, for MASK_VEC, to the heads-innermost fp32 forward with EVEN.
+    there (tests, benchmarks). `split_config` (parts, warps, programs per SM) splits each row across
+    that many programs of the split kernel (_softmax_fwd_split). `heads_inner` True makes a
+    single-block forward over several heads take one row a program, heads innermost (the block
+    kernel's HEADS_INNER), False never; None leaves it to heads_inner_order (the masked fp32 forward
+    with a mask shared by the heads), which goes before ROWS_LOOP. `even` (no predicates; only where
+    rows fill the block and the grid) and `mask_vec` (the mask at x's load width) choose the block's
+    EVEN and MASK_VEC; None leaves them to even_block and, for MASK_VEC, to the heads-innermost fp32
+    forward with EVEN.
     """
     y, kind, common = forward_args(x, mask, scale)
     if x.numel() == 0:
