@@ -332,23 +332,24 @@ def _softmax_fwd_rows(
 
 @triton.jit
 def _softmax_fwd_split(
-    x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale, stat_ptr, count_ptr,
+    x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale, stat_ptr,
     MASK_KIND: tl.constexpr, SAFE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     SPLIT_P2: tl.constexpr, MASK_DIMS: tl.constexpr = 7, POS_SCALE: tl.constexpr = False,
     EVEN: tl.constexpr = False, MASK_VEC: tl.constexpr = 0, PASS: tl.constexpr = 0,
 ):  # fmt: skip
     # One row split across SPLIT programs, each holding a BLOCK_N chunk in registers: a long
     # row in one block leaves its SM with one or two programs, idle while they reduce. Each
-    # program reduces its chunk to (max, sum of exp2 against that max), publishes the pair in
-    # stat_ptr ([M, SPLIT, 2] fp32), counts itself into count_ptr ([M] int32, zeroed by the
-    # launcher) with release semantics, waits for the row's other parts (acquire), then scales
-    # its chunk by exp2(its max - the row's) / the row's sum and stores it: x read once, y
-    # written once. Programs p, p + G, ... take part p % SPLIT of rows p // SPLIT, ... (G the
-    # grid, a multiple of SPLIT), so a row's parts run in one wave; the wait needs every
-    # program of the grid resident at once, which the launcher's cooperative launch
-    # guarantees (or refuses). PASS 1 only publishes and PASS 2 only finishes, without
-    # waiting: Triton's interpreter runs programs one after another, so a wait would never end
-    # there; the tests run the two passes as two launches.
+    # program reduces its chunk to (max, sum of exp2 against that max), publishes the pair as
+    # one 64-bit word in stat_ptr ([M, SPLIT] int64, -1 from the launcher: no pair has those
+    # bits, as a computed sum is never a NaN with every bit set), polls the row's words until
+    # none is -1, then scales its chunk by exp2(its max - the row's) / the row's sum and
+    # stores it: x read once, y written once. One word a pair needs no fence: a reader uses
+    # only what it read. Programs p, p + G, ... take part p % SPLIT of rows p // SPLIT, ...
+    # (G the grid, a multiple of SPLIT), so a row's parts run in one wave; the wait needs
+    # every program of the grid resident at once, which the launcher's cooperative launch
+    # guarantees (or refuses). PASS 1 only publishes and PASS 2 only finishes: Triton's
+    # interpreter runs programs one after another, so a wait would never end there; the tests
+    # run the two passes as two launches.
     xf, mf = _x_factor(scale, POS_SCALE), _mask_factor(scale, POS_SCALE)
     c = _exp_factor(scale, POS_SCALE)
     pid = tl.program_id(0)
@@ -360,6 +361,7 @@ def _softmax_fwd_split(
         m_base = tl.max_contiguous(m_base, MASK_VEC)
     m_cols = part * BLOCK_N + m_base
     parts = tl.arange(0, SPLIT_P2)
+    ok = parts < SPLIT
     for r in range(pid // SPLIT, M, tl.num_programs(0) // SPLIT):
         row = r + tl.full([], 0, tl.int64)  # int64 addressing (the interpreter gives an int)
         m_row = m_ptr + _mask_row_offset(row, H, Q, smb, smh, smq, MASK_DIMS)
@@ -367,24 +369,19 @@ def _softmax_fwd_split(
                     MASK_KIND, POS_SCALE)  # fmt: skip
         part_max = tl.max(z, axis=0)  # -inf where the chunk has no finite score
         e = _exp2_shifted(z, _finite(part_max), c, POS_SCALE)
-        slot = stat_ptr + (row * SPLIT + part) * 2
         if PASS != 2:
-            tl.store(slot, part_max)
-            tl.store(slot + 1, tl.sum(e, axis=0))
-            # Every thread's view of the stores before the one that counts (release, cumulative).
-            tl.debug_barrier()
-            tl.atomic_add(count_ptr + row, 1, sem="release", scope="gpu")
+            hi = part_max.to(tl.int32, bitcast=True).to(tl.int64) << 32
+            lo = tl.sum(e, axis=0).to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
+            tl.atomic_xchg(stat_ptr + row * SPLIT + part, hi | lo, sem="relaxed", scope="gpu")
         if PASS != 1:
-            if PASS == 0:
-                seen = tl.atomic_add(count_ptr + row, 0, sem="acquire", scope="gpu")
-                while seen < SPLIT:
-                    seen = tl.atomic_add(count_ptr + row, 0, sem="acquire", scope="gpu")
-                tl.debug_barrier()
-            # .cg: from L2, never a line of this SM's L1 that another program loaded earlier.
-            row_slots = stat_ptr + (row * SPLIT + parts) * 2
-            ok = parts < SPLIT
-            maxes = tl.load(row_slots, mask=ok, other=float("-inf"), cache_modifier=".cg")
-            sums = tl.load(row_slots + 1, mask=ok, other=0.0, cache_modifier=".cg")
+            # Volatile: from L2 each time, never a line this SM's L1 holds.
+            slots = stat_ptr + row * SPLIT + parts
+            words = tl.load(slots, mask=ok, other=0, volatile=True)
+            while tl.max((words == -1).to(tl.int32), axis=0) > 0:
+                words = tl.load(slots, mask=ok, other=0, volatile=True)
+            maxes = (words >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+            maxes = tl.where(ok, maxes, float("-inf"))
+            sums = tl.where(ok, words.to(tl.int32).to(tl.float32, bitcast=True), 0.0)
             row_max = _finite(tl.max(maxes, axis=0))
             total = tl.sum(sums * _exp2_shifted(maxes, row_max, c, POS_SCALE), axis=0)
             f = _exp2_shifted(part_max, row_max, c, POS_SCALE) * _inverse(total, SAFE)
@@ -763,8 +760,7 @@ def split_forward(
     if mask_vec is None:
         mask_vec = even
     vec = 16 // x.element_size() if mask_vec and kind == MASK_BOOL else 0
-    stats = torch.empty(m * split * 2, dtype=torch.float32, device=x.device)
-    counts = torch.zeros(m, dtype=torch.int32, device=x.device)
+    stats = torch.full((m * split,), -1, dtype=torch.int64, device=x.device)
     sms, _ = _device(x)
     grid = max(1, min(m, per_sm * sms // split)) * split
     kernel = launchable(_softmax_fwd_split)
@@ -773,10 +769,10 @@ def split_forward(
         MASK_DIMS=dims, POS_SCALE=pos_scale, EVEN=even, MASK_VEC=vec, num_warps=warps,
     )  # fmt: skip
     if is_interpreted(_softmax_fwd_split):
-        kernel[(grid,)](*common, stats, counts, PASS=1, **meta)
-        kernel[(grid,)](*common, stats, counts, PASS=2, **meta)
+        kernel[(grid,)](*common, stats, PASS=1, **meta)
+        kernel[(grid,)](*common, stats, PASS=2, **meta)
     else:
-        kernel[(grid,)](*common, stats, counts, PASS=0, launch_cooperative_grid=True, **meta)
+        kernel[(grid,)](*common, stats, PASS=0, launch_cooperative_grid=True, **meta)
 
 
 def softmax_backward(
