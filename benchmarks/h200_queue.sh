@@ -347,16 +347,6 @@ phases-kernels-even-rows)
   job kernels_tests 200 python3 -m pytest -q -m gpu tests/kernels
   echo "$(date +%T) all done" >>"$ROOT/status.txt"
   ;;
-phases-kernels-split)
-  # One GPU, ~3 minutes (session 16): long bf16 rows split across several programs that trade
-  # their chunks' statistics (_softmax.split_forward), at parts:warps:programs an SM, beside
-  # the block and ROWS_LOOP's rows kernel as configured.
-  nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
-  job kernel_configs 300 python3 benchmarks/kernel_configs.py --out "$ROOT/configs" --no-bias-act \
-    --even-arms --split 4:8:4 4:8:2 2:8:2 4:4:4 8:4:8 8:8:4 2:4:4 4:4:8 --kinds bool none \
-    --dtypes bf16 --cols 32768 16384 12672
-  echo "$(date +%T) all done" >>"$ROOT/status.txt"
-  ;;
 phases-kernels-final)
   # One GPU, ~6 minutes (session 14): the GPU tests and the bandwidth table after the bf16 rows
   # kernel for padded 8193-16383 rows and the median host time, then where one eager call's host

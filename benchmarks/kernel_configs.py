@@ -248,7 +248,6 @@ def _even_arms(
     cols: int,
     warps_list: tuple[int, ...] = (),
     rows_list: tuple[tuple[int, int, int], ...] = (),
-    split_list: tuple[tuple[int, int, int], ...] = (),
 ) -> list[tuple[str, Any]]:
     """Session 15: the single-block forward as the launcher configures it (forward_config's
     warps, forward_maxnreg's cap, heads_inner_order's row order), plain, with EVEN (no
@@ -256,10 +255,7 @@ def _even_arms(
     layout conversion, but ptxas then held back 3 of 8 load pairs where the loads were
     predicated), and with both; ROWS_LOOP's rows kernel beside them where it is the default.
     `warps_list` adds the same variants at other warps (uncapped), `rows_list` the persistent
-    rows kernel at these (warps, programs an SM, stages), plain and with EVEN and MASK_VEC.
-    Session 16: `split_list` the split kernel (each row across several programs that trade
-    their chunks' statistics: _softmax.split_forward) at these (parts, warps, programs an SM),
-    its counters' zeroing timed with it."""
+    rows kernel at these (warps, programs an SM, stages), plain and with EVEN and MASK_VEC."""
     import torch
 
     from torchkiln.kernels import _softmax as ks
@@ -307,15 +303,6 @@ def _even_arms(
                 launch(*args, **kw, BLOCK_N=block_n, STAGES=st, num_warps=w, **k)
 
             arms.append((f"rows w{rows_warps} {per_sm}/SM s{stages}{suffix}", rows_variant))
-    dims, pos = kw["MASK_DIMS"], kw["POS_SCALE"]
-    for split in split_list:
-        for vec in (False, True) if masked else (False,):
-
-            def split_variant(cfg: tuple = split, v: bool = vec) -> None:
-                ks.split_forward(args, kw["MASK_KIND"], kw["SAFE"], dims, pos, cfg, v)
-
-            name = f"split p{split[0]} w{split[1]} {split[2]}/SM{' vec' if vec else ''}"
-            arms.append((name, split_variant))
     rows = ks.rows_loop(cols, masked, itemsize)
     if rows is not None:
         rows_warps, per_sm, stages = rows
@@ -424,7 +411,6 @@ def measure_softmax(
     even_arms: bool = False,
     even_warps: tuple[int, ...] = (),
     even_rows: tuple[tuple[int, int, int], ...] = (),
-    split: tuple[tuple[int, int, int], ...] = (),
 ) -> dict[str, Any]:
     import torch
 
@@ -439,7 +425,7 @@ def measure_softmax(
                            "dtype": dtype_name, "rows": ROWS, "cols": cols, "bytes": nbytes,
                            "copy_gbps": copy_gbps, "arms": {}}  # fmt: skip
     if even_arms:
-        arms = _even_arms(case, cols, even_warps, even_rows, split)
+        arms = _even_arms(case, cols, even_warps, even_rows)
     else:
         arms = _arms(case, cols, loops, measured)
     for name, fn in arms:
@@ -616,9 +602,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--even-rows", nargs="*", default=[], metavar="W:P:S",
                    help="with --even-arms: the rows kernel at warps:programs an SM:stages, "
                         "plain, EVEN, and EVEN with MASK_VEC")  # fmt: skip
-    p.add_argument("--split", nargs="*", default=[], metavar="P:W:S",
-                   help="with --even-arms: the split kernel at parts a row:warps:programs an SM "
-                        "(session 16)")  # fmt: skip
     p.add_argument(
         "--kinds",
         nargs="+",
@@ -658,12 +641,11 @@ def main(argv: list[str] | None = None) -> int:
     ]
     loops, measured = not args.no_loop, not args.skip_measured
     rows = tuple(tuple(int(v) for v in spec.split(":")) for spec in args.even_rows)
-    split = tuple(tuple(int(v) for v in spec.split(":")) for spec in args.split)
     for cols in [] if args.bias_act_only else args.cols:
         for kind in args.kinds:
             for d in args.dtypes:
                 job = lambda d=d, c=cols, k=kind: measure_softmax(  # noqa: E731
-                    d, c, k, loops, measured, args.even_arms, tuple(args.even_warps), rows, split
+                    d, c, k, loops, measured, args.even_arms, tuple(args.even_warps), rows
                 )
                 jobs.append((f"{kind} {d} {cols}", job))
     start = time.monotonic()

@@ -286,6 +286,21 @@ def test_the_masked_fp32_forward_launches_heads_innermost_where_heads_share_its_
     assert launch(fp32, (1, 1, 3), 32768) == (block, (12,), 4, 32)
     assert launch(fp32, (1, 1, 3), 32768, heads_inner=False)[0] is rows
     assert launch(fp32, (1, 1, 3), 32768, rows_config=(4, 1, 2))[0] is rows
+    # The 2-byte bool-masked forward there: the 32-warp block, predicated, its mask at x's
+    # width (8 columns); unless told otherwise.
+    assert launch(bf16, (1, 1, 3), 32768) == (block, (12,), 0, 32)
+    assert flags[-1] == (False, 8)
+    launch(bf16, (1, 1, 3), 20000)
+    assert flags[-1] == (False, 8)
+    launch(bf16, (1, 1, 3), 32768, even=True, mask_vec=False)
+    assert flags[-1] == (True, 0)
+    launch(bf16, (1, 1, 3), 16384)  # a 16384-element block: EVEN, its mask's own width
+    assert flags[-1] == (True, 0)
+    launches.clear()  # an additive mask (measured for bool masks only): EVEN, its own width
+    x, add = torch.zeros(1, 4, 3, 32768, dtype=bf16), torch.zeros(1, 1, 3, 32768, dtype=bf16)
+    _softmax.softmax_forward(x, add, 0.5, True)
+    ((kernel, _, kw),) = launches
+    assert kernel is block and (kw["EVEN"], kw["MASK_VEC"]) == (True, 0)
     assert launch(fp32, (1, 1, 3), 4096)[2] == 0  # 4096-element blocks keep the default order
     assert launch(bf16, (1, 1, 3), 16384)[2] == 0
     assert launch(fp32, (1, 4, 3), 16384)[2] == 0  # a mask per head
@@ -328,12 +343,14 @@ def test_block_configs_hold_16_values_per_thread():
     assert loop(65536, False, 4) == (16384, 32) and loop(16384, False, 4) is None
     assert loop(32768, masked=True, itemsize=4) is None and loop(65536, True, 2) is None
     # Rows of 16385-32768 take the persistent rows kernel where the H200 measured it faster
-    # (session 12): bf16 / fp16 without a mask (89% of the copy against the loop's 80%), both
-    # dtypes masked (83% / 66% against the block's 77% / 62%); fp32 without a mask keeps the
-    # chunk loop (97%).
+    # (session 12): bf16 / fp16 without a mask (89% of the copy against the loop's 80%), fp32
+    # masked (83% against the block's 77%); fp32 without a mask keeps the chunk loop (97%), and
+    # the 2-byte masked forward the block with its mask at x's width (session 16: 74% against
+    # the rows kernel's 70% in five runs).
     rows = _softmax.rows_loop
     assert rows(32768, masked=False, itemsize=2) == rows(16385, False, 2) == (16, 2, 3)
-    assert rows(32768, masked=True, itemsize=4) == rows(20000, True, 2) == (32, 1, 1)
+    assert rows(32768, masked=True, itemsize=4) == rows(20000, True, 4) == (32, 1, 1)
+    assert rows(32768, True, 2) is None and rows(20000, True, 2) is None
     assert rows(32768, False, 4) is None and rows(16384, True, 2) is None
     assert rows(32769, False, 2) is None and rows(65536, True, 4) is None
     # And 2-byte rows of 8193-16383 without a mask, padded in a 16384-element block (session 14:
@@ -402,8 +419,7 @@ def test_the_fast_gelu_takes_the_hardware_approximations():
 
 
 @pytest.mark.parametrize("pos_scale", [False, True])
-@pytest.mark.parametrize(("masked", "dtype"), [(False, "bf16"), (False, "fp16"), (True, "fp32"),
-                                               (True, "bf16")])  # fmt: skip
+@pytest.mark.parametrize(("masked", "dtype"), [(False, "bf16"), (False, "fp16"), (True, "fp32")])
 def test_rows_kernel_fits_an_sm_without_spilling(masked, dtype, pos_scale):
     # ROWS_LOOP's configurations at 32768 columns, compiled as the launcher specialises aligned
     # inputs: no spills, and the pipeline's buffers within the 227 KB of shared memory a Hopper

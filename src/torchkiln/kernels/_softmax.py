@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from torchkiln.kernels._launch import cdiv, is_interpreted, launchable, next_power_of_2
+from torchkiln.kernels._launch import cdiv, launchable, next_power_of_2
 
 # A row up to this many elements can be held in registers by one program: one read, one write.
 # Longer rows take the looped online-softmax kernel, which reads the row twice (with the L2 hints
@@ -61,8 +61,9 @@ LONG_ROW_LOOP = {4: (16384, 32), 2: (8192, 16)}
 # 83% and bf16 66% at 32 warps, one program an SM, no pipelining (the block 77% / 62%). fp32
 # without a mask keeps the chunk-statistics loop (97%; rows 92%). fp16 takes bf16's (unmeasured).
 # A masked fp32 forward whose heads share the mask takes the block heads innermost instead
-# (heads_inner_order, EVEN: 93% against 81%, session 15).
-ROWS_LOOP = {(False, 2): (16, 2, 3), (True, 4): (32, 1, 1), (True, 2): (32, 1, 1)}
+# (heads_inner_order, EVEN: 93% against 81%, session 15), and the masked 2-byte one the block
+# with its mask at x's width (wide_mask_vec: 74% against 70%, session 16).
+ROWS_LOOP = {(False, 2): (16, 2, 3), (True, 4): (32, 1, 1)}
 # Rows of 8193-16383 elements, whose 16384-element block is padded, that the rows kernel takes.
 # H200, session 14 (kernel_configs.py, 4096 rows, % of the copy, the block's best warps against
 # the rows kernel at 16 warps, 2 programs an SM, 3 stages): bf16 without a mask at 10240 78 / 87,
@@ -86,6 +87,13 @@ MASKED_FP32_WIDE_MAXNREG = 64
 # forward's 134), yet it ran 4% slower (78.4 us against 75.4), and kernel_configs.py put the
 # order 1-10 points behind at 8192-16384 and level at 32768: bf16 and fp16 keep the default.
 HEADS_INNER_MIN_BLOCK_N = 8192
+# The masked 2-byte forward in 32768-element blocks (rows of 16385-32768): the 32-warp block with
+# MASK_VEC and its predicates, not ROWS_LOOP's rows kernel. H200, bf16 at 4096 x 32768 with the
+# bench's [1, 1, Q, K] mask, % of the copy in five runs (kernel_configs.py, session15/even,
+# even-warps, even-rows, session16/split-fenced, split): the block with MASK_VEC 74 each time,
+# the rows kernel at ROWS_LOOP's (32, 1, 1) 70 each time, the block with both MASK_VEC and EVEN
+# 72-73, plain 69. Rows of 16385-32767 (padded) are unmeasured and take the same. fp16 takes
+# bf16's (unmeasured).
 # The single block drops its predicates (EVEN) where a row fills it (N == BLOCK_N, one row a
 # program), and the heads-innermost masked fp32 forward there loads its bool mask at x's width
 # (MASK_VEC: 4 columns a thread, no layout conversion through shared memory). H200, session 15
@@ -331,64 +339,6 @@ def _softmax_fwd_rows(
 
 
 @triton.jit
-def _softmax_fwd_split(
-    x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale, stat_ptr,
-    MASK_KIND: tl.constexpr, SAFE: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-    SPLIT_P2: tl.constexpr, MASK_DIMS: tl.constexpr = 7, POS_SCALE: tl.constexpr = False,
-    EVEN: tl.constexpr = False, MASK_VEC: tl.constexpr = 0, PASS: tl.constexpr = 0,
-):  # fmt: skip
-    # One row split across SPLIT programs, each holding a BLOCK_N chunk in registers: a long
-    # row in one block leaves its SM with one or two programs, idle while they reduce. Each
-    # program reduces its chunk to (max, sum of exp2 against that max), publishes the pair as
-    # one 64-bit word in stat_ptr ([M, SPLIT] int64, -1 from the launcher: no pair has those
-    # bits, as a computed sum is never a NaN with every bit set), polls the row's words until
-    # none is -1, then scales its chunk by exp2(its max - the row's) / the row's sum and
-    # stores it: x read once, y written once. One word a pair needs no fence: a reader uses
-    # only what it read. Programs p, p + G, ... take part p % SPLIT of rows p // SPLIT, ...
-    # (G the grid, a multiple of SPLIT), so a row's parts run in one wave; the wait needs
-    # every program of the grid resident at once, which the launcher's cooperative launch
-    # guarantees (or refuses). PASS 1 only publishes and PASS 2 only finishes: Triton's
-    # interpreter runs programs one after another, so a wait would never end there; the tests
-    # run the two passes as two launches.
-    xf, mf = _x_factor(scale, POS_SCALE), _mask_factor(scale, POS_SCALE)
-    c = _exp_factor(scale, POS_SCALE)
-    pid = tl.program_id(0)
-    part = pid % SPLIT
-    cols = part * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = tl.full([BLOCK_N], 1, tl.int1) if EVEN else cols < N
-    m_base = tl.arange(0, BLOCK_N)
-    if MASK_VEC > 0:
-        m_base = tl.max_contiguous(m_base, MASK_VEC)
-    m_cols = part * BLOCK_N + m_base
-    parts = tl.arange(0, SPLIT_P2)
-    ok = parts < SPLIT
-    for r in range(pid // SPLIT, M, tl.num_programs(0) // SPLIT):
-        row = r + tl.full([], 0, tl.int64)  # int64 addressing (the interpreter gives an int)
-        m_row = m_ptr + _mask_row_offset(row, H, Q, smb, smh, smq, MASK_DIMS)
-        z = _scores(x_ptr + row * N + cols, m_row + m_cols * smk, col_ok, col_ok, xf, mf,
-                    MASK_KIND, POS_SCALE)  # fmt: skip
-        part_max = tl.max(z, axis=0)  # -inf where the chunk has no finite score
-        e = _exp2_shifted(z, _finite(part_max), c, POS_SCALE)
-        if PASS != 2:
-            hi = part_max.to(tl.int32, bitcast=True).to(tl.int64) << 32
-            lo = tl.sum(e, axis=0).to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
-            tl.atomic_xchg(stat_ptr + row * SPLIT + part, hi | lo, sem="relaxed", scope="gpu")
-        if PASS != 1:
-            # Volatile: from L2 each time, never a line this SM's L1 holds.
-            slots = stat_ptr + row * SPLIT + parts
-            words = tl.load(slots, mask=ok, other=0, volatile=True)
-            while tl.max((words == -1).to(tl.int32), axis=0) > 0:
-                words = tl.load(slots, mask=ok, other=0, volatile=True)
-            maxes = (words >> 32).to(tl.int32).to(tl.float32, bitcast=True)
-            maxes = tl.where(ok, maxes, float("-inf"))
-            sums = tl.where(ok, words.to(tl.int32).to(tl.float32, bitcast=True), 0.0)
-            row_max = _finite(tl.max(maxes, axis=0))
-            total = tl.sum(sums * _exp2_shifted(maxes, row_max, c, POS_SCALE), axis=0)
-            f = _exp2_shifted(part_max, row_max, c, POS_SCALE) * _inverse(total, SAFE)
-            tl.store(y_ptr + row * N + cols, (e * f).to(y_ptr.dtype.element_ty), mask=col_ok)
-
-
-@triton.jit
 def _softmax_fwd_loop(
     x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale,
     MASK_KIND: tl.constexpr, SAFE: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -582,6 +532,13 @@ def even_block(n_cols: int, block_m: int, block_n: int) -> bool:
     return block_m == 1 and n_cols == block_n
 
 
+def wide_mask_vec(n_cols: int, kind: int, itemsize: int) -> bool:
+    """Whether the single-block forward over rows of `n_cols` loads its mask (MASK_KIND `kind`)
+    at x's width (MASK_VEC) and keeps its predicates (no EVEN) by default: the 2-byte forward
+    with a bool mask in 32768-element blocks (the note after HEADS_INNER_MIN_BLOCK_N's)."""
+    return kind == MASK_BOOL and itemsize == 2 and next_power_of_2(n_cols) == MAX_BLOCK_N
+
+
 def forward_maxnreg(n_cols: int, masked: bool, itemsize: int) -> int | None:
     """ptxas's register cap for the single-block forward over rows of `n_cols`, or None:
     MASKED_FP32_WIDE_MAXNREG for the masked fp32 forward in 16384-element blocks on NVIDIA GPUs."""
@@ -648,7 +605,6 @@ def softmax_forward(
     loop_chunk_stats: bool = False,
     loop_maxnreg: int | None = None,
     rows_config: tuple[int, int, int] | None = None,
-    split_config: tuple[int, int, int] | None = None,
     heads_inner: bool | None = None,
     mask_vec: bool | None = None,
     even: bool | None = None,
@@ -665,14 +621,13 @@ def softmax_forward(
     without a mask take the loop with per-chunk statistics and hints (LONG_ROW_LOOP), whatever
     those parameters say, and rows of 16385-32768 the persistent rows kernel where ROWS_LOOP
     has their kind; `rows_config` (warps, programs per SM, stages) sends rows of any length
-    there (tests, benchmarks). `split_config` (parts, warps, programs per SM) splits each row across
-    that many programs of the split kernel (_softmax_fwd_split). `heads_inner` True makes a
-    single-block forward over several heads take one row a program, heads innermost (the block
-    kernel's HEADS_INNER), False never; None leaves it to heads_inner_order (the masked fp32 forward
-    with a mask shared by the heads), which goes before ROWS_LOOP. `even` (no predicates; only where
-    rows fill the block and the grid) and `mask_vec` (the mask at x's load width) choose the block's
-    EVEN and MASK_VEC; None leaves them to even_block and, for MASK_VEC, to the heads-innermost fp32
-    forward with EVEN.
+    there (tests, benchmarks). `heads_inner` True makes a single-block forward over several heads
+    take one row a program, heads innermost (the block kernel's HEADS_INNER), False never; None
+    leaves it to heads_inner_order (the masked fp32 forward with a mask shared by the heads),
+    which goes before ROWS_LOOP. `even` (no predicates; only where rows fill the block and the
+    grid) and `mask_vec` (the mask at x's load width) choose the block's EVEN and MASK_VEC; None
+    leaves them to even_block and, for MASK_VEC, to the heads-innermost fp32 forward with EVEN
+    and to wide_mask_vec (which also turns EVEN off).
     """
     y, kind, common = forward_args(x, mask, scale)
     if x.numel() == 0:
@@ -687,9 +642,6 @@ def softmax_forward(
     if heads_inner is None:
         heads_inner = not explicit and heads_inner_order(n, dims, itemsize, h)
     heads = h if heads_inner and h > 1 and n <= max_block_n else 0
-    if split_config is not None:
-        split_forward(common, kind, safe, dims, pos_scale, split_config, mask_vec)
-        return y
     if not explicit and not heads and max_block_n == MAX_BLOCK_N:
         rows_config = rows_loop(n, masked, itemsize)
     if rows_config is not None:
@@ -716,11 +668,15 @@ def softmax_forward(
         maxnreg = forward_maxnreg(n, masked, itemsize)
         if heads:
             block_m, num_warps = 1, max(1, num_warps // block_m)
-        # EVEN and MASK_VEC where the H200 measured them faster (even_block), unless told.
+        # EVEN and MASK_VEC where the H200 measured them faster (even_block, wide_mask_vec),
+        # unless told.
         fits = n == block_n and m % block_m == 0
-        exact = fits and (even_block(n, block_m, block_n) if even is None else even)
+        wide_vec = not heads and wide_mask_vec(n, kind, itemsize)
+        if even is None:
+            even = even_block(n, block_m, block_n) and not wide_vec
+        exact = fits and even
         if mask_vec is None:
-            mask_vec = bool(heads) and exact and itemsize == 4
+            mask_vec = (bool(heads) and exact and itemsize == 4) or wide_vec
         vec = 16 // itemsize if mask_vec and masked else 0
         launchable(_softmax_fwd_block)[(cdiv(m, block_m),)](
             *common, MASK_KIND=kind, SAFE=safe, BLOCK_M=block_m, BLOCK_N=block_n,
@@ -736,43 +692,6 @@ def softmax_forward(
             POS_SCALE=pos_scale, num_warps=loop_warps, **cap,
         )  # fmt: skip
     return y
-
-
-def split_forward(
-    common: tuple,
-    kind: int,
-    safe: bool,
-    dims: int,
-    pos_scale: bool,
-    config: tuple[int, int, int],
-    mask_vec: bool | None = None,
-) -> None:
-    """Launch _softmax_fwd_split over `common` (forward_args) with `config` (parts a row, warps,
-    programs per SM). On a GPU one cooperative launch: the driver refuses a grid that cannot be
-    resident at once rather than let the waiting programs hang. Under Triton's interpreter,
-    which runs one program at a time, two launches (publish, then finish). `mask_vec` loads a
-    bool mask at x's width; None: only where the chunks fill the row (no predicates)."""
-    x, m, n = common[0], common[3], common[4]
-    split, warps, per_sm = config
-    block_n = next_power_of_2(cdiv(n, split))
-    split = cdiv(n, block_n)  # no part past the row's end
-    even = n == split * block_n
-    if mask_vec is None:
-        mask_vec = even
-    vec = 16 // x.element_size() if mask_vec and kind == MASK_BOOL else 0
-    stats = torch.full((m * split,), -1, dtype=torch.int64, device=x.device)
-    sms, _ = _device(x)
-    grid = max(1, min(m, per_sm * sms // split)) * split
-    kernel = launchable(_softmax_fwd_split)
-    meta = dict(
-        MASK_KIND=kind, SAFE=safe, BLOCK_N=block_n, SPLIT=split, SPLIT_P2=next_power_of_2(split),
-        MASK_DIMS=dims, POS_SCALE=pos_scale, EVEN=even, MASK_VEC=vec, num_warps=warps,
-    )  # fmt: skip
-    if is_interpreted(_softmax_fwd_split):
-        kernel[(grid,)](*common, stats, PASS=1, **meta)
-        kernel[(grid,)](*common, stats, PASS=2, **meta)
-    else:
-        kernel[(grid,)](*common, stats, PASS=0, launch_cooperative_grid=True, **meta)
 
 
 def softmax_backward(
