@@ -248,6 +248,7 @@ def _even_arms(
     cols: int,
     warps_list: tuple[int, ...] = (),
     rows_list: tuple[tuple[int, int, int], ...] = (),
+    heads_warps: tuple[int, ...] = (),
 ) -> list[tuple[str, Any]]:
     """Session 15: the single-block forward as the launcher configures it (forward_config's
     warps, forward_maxnreg's cap, heads_inner_order's row order), plain, with EVEN (no
@@ -255,7 +256,10 @@ def _even_arms(
     layout conversion, but ptxas then held back 3 of 8 load pairs where the loads were
     predicated), and with both; ROWS_LOOP's rows kernel beside them where it is the default.
     `warps_list` adds the same variants at other warps (uncapped), `rows_list` the persistent
-    rows kernel at these (warps, programs an SM, stages), plain and with EVEN and MASK_VEC."""
+    rows kernel at these (warps, programs an SM, stages), plain and with EVEN and MASK_VEC.
+    Session 16: `heads_warps` the block heads innermost at these warps, whatever the policy says
+    (session 15's maskvec/ run had the bf16 one at 16 warps with MASK_VEC at 90% of the copy at
+    16384 against 85-87% as configured, once), with the same variants."""
     import torch
 
     from torchkiln.kernels import _softmax as ks
@@ -285,6 +289,11 @@ def _even_arms(
         if w != warps and 1 <= block_n // (32 * w) <= 64:
             other = {k: v for k, v in fixed.items() if k != "maxnreg"}
             configs.append((f"block w{w}{inner}", {**other, "num_warps": w}))
+    for w in heads_warps if masked and not heads else ():
+        if 1 <= block_n // (32 * w) <= 64:
+            other = {k: v for k, v in fixed.items() if k != "maxnreg"}
+            configs.append((f"block w{w} heads-inner", {**other, "num_warps": w,
+                                                        "HEADS_INNER": HEADS}))  # fmt: skip
     arms = []
     for name, launch in configs:
         for suffix, extra in variants:
@@ -411,6 +420,7 @@ def measure_softmax(
     even_arms: bool = False,
     even_warps: tuple[int, ...] = (),
     even_rows: tuple[tuple[int, int, int], ...] = (),
+    even_heads: tuple[int, ...] = (),
 ) -> dict[str, Any]:
     import torch
 
@@ -425,7 +435,7 @@ def measure_softmax(
                            "dtype": dtype_name, "rows": ROWS, "cols": cols, "bytes": nbytes,
                            "copy_gbps": copy_gbps, "arms": {}}  # fmt: skip
     if even_arms:
-        arms = _even_arms(case, cols, even_warps, even_rows)
+        arms = _even_arms(case, cols, even_warps, even_rows, even_heads)
     else:
         arms = _arms(case, cols, loops, measured)
     for name, fn in arms:
@@ -602,6 +612,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--even-rows", nargs="*", default=[], metavar="W:P:S",
                    help="with --even-arms: the rows kernel at warps:programs an SM:stages, "
                         "plain, EVEN, and EVEN with MASK_VEC")  # fmt: skip
+    p.add_argument("--even-heads", type=int, nargs="*", default=[], metavar="W",
+                   help="with --even-arms: the masked block heads innermost at these warps, "
+                        "with the same variants")  # fmt: skip
     p.add_argument(
         "--kinds",
         nargs="+",
@@ -645,7 +658,15 @@ def main(argv: list[str] | None = None) -> int:
         for kind in args.kinds:
             for d in args.dtypes:
                 job = lambda d=d, c=cols, k=kind: measure_softmax(  # noqa: E731
-                    d, c, k, loops, measured, args.even_arms, tuple(args.even_warps), rows
+                    d,
+                    c,
+                    k,
+                    loops,
+                    measured,
+                    args.even_arms,
+                    tuple(args.even_warps),
+                    rows,
+                    tuple(args.even_heads),
                 )
                 jobs.append((f"{kind} {d} {cols}", job))
     start = time.monotonic()
