@@ -101,6 +101,14 @@ def test_long_rows_take_their_kernels_and_compute_softmax(interpreted, dtype):
     y = interpreted("_softmax", "softmax_forward", x, mask, 0.5, True)
     assert_close(y, masked_softmax_ref(x, mask, 0.5), dtype, "masked, 2 heads, 8192")
     assert torch.equal(y[0, :, 1], torch.zeros(2, 8192, dtype=dtype))
+    # At 16384 both dtypes go heads innermost, unpredicated; bf16 with its mask at x's width.
+    x = _randn((1, 2, 3, 16384), dtype, seed=2)
+    mask = torch.ones(1, 1, 3, 16384, dtype=torch.bool)
+    mask[0, 0, 1] = False
+    mask[0, 0, 2, 7:] = False
+    y = interpreted("_softmax", "softmax_forward", x, mask, 0.5, True)
+    assert_close(y, masked_softmax_ref(x, mask, 0.5), dtype, "masked, 2 heads, 16384")
+    assert torch.equal(y[0, :, 1], torch.zeros(2, 16384, dtype=dtype))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)

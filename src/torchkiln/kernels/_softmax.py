@@ -85,15 +85,25 @@ MASKED_FP32_WIDE_MAXNREG = 64
 # 32768 80 (ROWS_LOOP's rows kernel; the block 82) / 87 at 32 warps. For bf16, Nsight Compute
 # put the reads at 16384 at 143 MB of DRAM against the default order's 183 (the unmasked
 # forward's 134), yet it ran 4% slower (78.4 us against 75.4), and kernel_configs.py put the
-# order 1-10 points behind at 8192-16384 and level at 32768: bf16 and fp16 keep the default.
+# order 1-10 points behind at 8192-16384 and level at 32768: bf16 and fp16 kept the default
+# (session 16 found where they gain with MASK_VEC: HEADS_INNER_2BYTE_*).
 HEADS_INNER_MIN_BLOCK_N = 8192
 # The masked 2-byte forward in 32768-element blocks (rows of 16385-32768): the 32-warp block with
-# MASK_VEC and its predicates, not ROWS_LOOP's rows kernel. H200, bf16 at 4096 x 32768 with the
-# bench's [1, 1, Q, K] mask, % of the copy in five runs (kernel_configs.py, session15/even,
-# even-warps, even-rows, session16/split-fenced, split): the block with MASK_VEC 74 each time,
-# the rows kernel at ROWS_LOOP's (32, 1, 1) 70 each time, the block with both MASK_VEC and EVEN
-# 72-73, plain 69. Rows of 16385-32767 (padded) are unmeasured and take the same. fp16 takes
-# bf16's (unmeasured).
+# MASK_VEC and its predicates, not ROWS_LOOP's rows kernel (wide_mask_vec). H200, bf16 at 4096 x
+# 32768 with the bench's [1, 1, Q, K] mask, % of the copy in five runs (kernel_configs.py,
+# session15/even, even-warps, even-rows, session16/split-fenced, split): the block with MASK_VEC
+# 74 each time, the rows kernel at ROWS_LOOP's (32, 1, 1) 70 each time, the block with both
+# MASK_VEC and EVEN 72-73, plain 69. Rows of 16385-32767 (padded) are unmeasured and take the
+# same. fp16 takes bf16's (unmeasured).
+# HEADS_INNER_2BYTE_*: where the heads share a bool mask, the 2-byte forward goes heads innermost
+# with MASK_VEC too, in two places (heads_inner_order). H200, session 16 (kernel_configs.py
+# --even-heads, session16/heads-bf16, heads-bf16-again1, -again2; % of the copy, three runs):
+# at 16384, 8 warps, EVEN and MASK_VEC, 90 / 91 / 91 against the default order's 86 / 86 / 86
+# (heads innermost without MASK_VEC 85, with it but predicated 61; 16 warps 88-89); at 32768,
+# 32 warps, MASK_VEC, predicated, 76 / 76 / 75 against wide_mask_vec's default order 74 / 74 /
+# 74. At 12672 (padded) every heads-innermost arm lost (at most 80 against 87); 8192 was not
+# measured (the default order runs 94-96% there).
+HEADS_INNER_2BYTE_EVEN, HEADS_INNER_2BYTE_BLOCK = 16384, MAX_BLOCK_N
 # The single block drops its predicates (EVEN) where a row fills it (N == BLOCK_N, one row a
 # program), and the heads-innermost masked fp32 forward there loads its bool mask at x's width
 # (MASK_VEC: 4 columns a thread, no layout conversion through shared memory). H200, session 15
@@ -517,13 +527,22 @@ def _cuda_device(device: torch.device) -> tuple[int, int]:
     return props.multi_processor_count, props.major
 
 
-def heads_inner_order(n_cols: int, dims: int, itemsize: int, heads: int) -> bool:
-    """Whether the single-block forward takes its rows heads innermost by default
-    (HEADS_INNER_MIN_BLOCK_N): fp32, several heads, and a mask (MASK_DIMS `dims`) that differs by
-    query but not by head."""
+def heads_inner_order(
+    n_cols: int, dims: int, itemsize: int, heads: int, kind: int = MASK_BOOL
+) -> bool:
+    """Whether the single-block forward takes its rows heads innermost by default: several
+    heads and a mask (MASK_DIMS `dims`, MASK_KIND `kind`) that differs by query but not by head;
+    fp32 in 8192- to 32768-element blocks (HEADS_INNER_MIN_BLOCK_N), 2-byte dtypes with a bool
+    mask where a row fills a 16384-element block or in 32768-element blocks
+    (HEADS_INNER_2BYTE_EVEN, HEADS_INNER_2BYTE_BLOCK)."""
     shared = dims & MASK_ALONG_Q and not dims & (MASK_ALONG_H | MASK_FLAT)
-    wide = HEADS_INNER_MIN_BLOCK_N <= next_power_of_2(n_cols) <= MAX_BLOCK_N
-    return bool(shared) and wide and itemsize == 4 and heads > 1
+    block_n = next_power_of_2(n_cols)
+    if not shared or heads <= 1 or not HEADS_INNER_MIN_BLOCK_N <= block_n <= MAX_BLOCK_N:
+        return False
+    if itemsize == 4:
+        return True
+    fills = n_cols == HEADS_INNER_2BYTE_EVEN
+    return kind == MASK_BOOL and (fills or block_n == HEADS_INNER_2BYTE_BLOCK)
 
 
 def even_block(n_cols: int, block_m: int, block_n: int) -> bool:
@@ -623,11 +642,11 @@ def softmax_forward(
     has their kind; `rows_config` (warps, programs per SM, stages) sends rows of any length
     there (tests, benchmarks). `heads_inner` True makes a single-block forward over several heads
     take one row a program, heads innermost (the block kernel's HEADS_INNER), False never; None
-    leaves it to heads_inner_order (the masked fp32 forward with a mask shared by the heads),
-    which goes before ROWS_LOOP. `even` (no predicates; only where rows fill the block and the
-    grid) and `mask_vec` (the mask at x's load width) choose the block's EVEN and MASK_VEC; None
-    leaves them to even_block and, for MASK_VEC, to the heads-innermost fp32 forward with EVEN
-    and to wide_mask_vec (which also turns EVEN off).
+    leaves it to heads_inner_order (a masked forward whose heads share the mask, where that
+    measured faster), which goes before ROWS_LOOP. `even` (no predicates; only where rows fill
+    the block and the grid) and `mask_vec` (the mask at x's load width) choose the block's EVEN
+    and MASK_VEC; None leaves them to even_block and, for MASK_VEC, to the heads-innermost
+    forward with EVEN and to wide_mask_vec (which also turns EVEN off).
     """
     y, kind, common = forward_args(x, mask, scale)
     if x.numel() == 0:
@@ -640,7 +659,7 @@ def softmax_forward(
     explicit = rows_config is not None
     h = common[5]
     if heads_inner is None:
-        heads_inner = not explicit and heads_inner_order(n, dims, itemsize, h)
+        heads_inner = not explicit and heads_inner_order(n, dims, itemsize, h, kind)
     heads = h if heads_inner and h > 1 and n <= max_block_n else 0
     if not explicit and not heads and max_block_n == MAX_BLOCK_N:
         rows_config = rows_loop(n, masked, itemsize)
@@ -671,12 +690,12 @@ def softmax_forward(
         # EVEN and MASK_VEC where the H200 measured them faster (even_block, wide_mask_vec),
         # unless told.
         fits = n == block_n and m % block_m == 0
-        wide_vec = not heads and wide_mask_vec(n, kind, itemsize)
+        wide_vec = wide_mask_vec(n, kind, itemsize)
         if even is None:
             even = even_block(n, block_m, block_n) and not wide_vec
         exact = fits and even
         if mask_vec is None:
-            mask_vec = (bool(heads) and exact and itemsize == 4) or wide_vec
+            mask_vec = (bool(heads) and exact) or wide_vec
         vec = 16 // itemsize if mask_vec and masked else 0
         launchable(_softmax_fwd_block)[(cdiv(m, block_m),)](
             *common, MASK_KIND=kind, SAFE=safe, BLOCK_M=block_m, BLOCK_N=block_n,
