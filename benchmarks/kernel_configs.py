@@ -304,7 +304,8 @@ def _even_arms(
             arms.append((name + suffix, block))
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
     for rows_warps, per_sm, stages in rows_list:
-        for suffix, extra in [v for v in variants if "EVEN" in v[1] or not v[1]]:
+        # Session 16: MASK_VEC with predicates too (rows that do not fill the block).
+        for suffix, extra in variants:
 
             def rows_variant(w: int = rows_warps, g: int = min(ROWS, per_sm * sms),
                              st: int = stages, k: dict = extra) -> None:  # fmt: skip
