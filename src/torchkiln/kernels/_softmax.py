@@ -60,6 +60,9 @@ LONG_ROW_LOOP = {4: (16384, 32), 2: (8192, 16)}
 # 16 warps, 2 programs an SM, 3 stages (the chunk-statistics loop 80%, the block 64%); masked fp32
 # 83% and bf16 66% at 32 warps, one program an SM, no pipelining (the block 77% / 62%). fp32
 # without a mask keeps the chunk-statistics loop (97%; rows 92%). fp16 takes bf16's (unmeasured).
+# "Programs per SM" is the grid's size, not a residency: a 3-stage 32768-element bf16 program
+# takes 128 KB of shared memory (sm_90, test_kernels_compile.py), so of (16, 2, 3)'s two only
+# one is resident on an SM at a time, and the grid's second half starts as the first ends.
 # A masked fp32 forward whose heads share the mask takes the block heads innermost instead
 # (heads_inner_order, EVEN: 93% against 81%, session 15), and the masked 2-byte one the block
 # with its mask at x's width (wide_mask_vec: 74% against 70%, session 16).
@@ -68,8 +71,12 @@ ROWS_LOOP = {(False, 2): (16, 2, 3), (True, 4): (32, 1, 1)}
 # H200, session 14 (kernel_configs.py, 4096 rows, % of the copy, the block's best warps against
 # the rows kernel at 16 warps, 2 programs an SM, 3 stages): bf16 without a mask at 10240 78 / 87,
 # 12672 86 / 89 (87 / 90 on another lease), 14336 91 / 90; at 16384, unpadded, the block
-# leads (94 / 90). fp32 blocks ran 97-98% there; masked, the rows kernel ran 41-75%.
-ROWS_LOOP_PADDED = {(False, 2): (16, 2, 3)}
+# leads (94 / 90). fp32 blocks ran 97-98% there; masked, the rows kernel ran 41-75%. Four
+# stages (three rows in flight, 96 KB of shared memory a program, 192 KB for the SM's two) since
+# session 16: 12672 in six runs 90.6 / 90.3 / 91.0 / 90.7 / 87.3 / 88.5 against three stages'
+# 89.1 / 89.2 / 89.6 / 89.3 / 86.8 / 88.2 (sessions 14-15's gluon, stages4, heads, maskvec;
+# session16/stages-padded1, 2), 10240 87 / 88 against 86 / 86, 14336 90 / 88 against 90 / 87.
+ROWS_LOOP_PADDED = {(False, 2): (16, 2, 4)}
 # The masked fp32 forward in 16384-element blocks (rows of 8193-16384) at 16 warps and at most 64
 # registers a thread, so two programs share an SM (uncapped it took more than 64): H200, session
 # 10, 87% of the copy ceiling at 4096 x 12672 and 4096 x 16384 against 73% and 84% uncapped.
