@@ -259,8 +259,7 @@ def _even_arms(
     rows kernel at these (warps, programs an SM, stages), plain and with EVEN and MASK_VEC.
     Session 16: `heads_warps` the block heads innermost at these warps, whatever the policy says
     (session 15's maskvec/ run had the bf16 one at 16 warps with MASK_VEC at 90% of the copy at
-    16384 against 85-87% as configured, once), with the same variants. Session 17: where rows
-    are padded, READ_PAST (loads unpredicated past the row's end), with and without MASK_VEC."""
+    16384 against 85-87% as configured, once), with the same variants."""
     import torch
 
     from torchkiln.kernels import _softmax as ks
@@ -284,12 +283,6 @@ def _even_arms(
         variants.append((" vec", vec))
         if cols == block_n:
             variants.append((" vec even", {**vec, "EVEN": True}))
-    if cols != block_n:
-        # Session 17: a padded row read unpredicated into the next row's memory (READ_PAST).
-        past = {"READ_PAST": True, "m_span": ks.view_span(args[2]) if masked else 0}
-        variants.append((" past", past))
-        if masked:
-            variants.append((" vec past", {**vec, **past}))
     inner = " heads-inner" if heads else ""
     configs = [(f"block w{warps}{'' if cap is None else f' r{cap}'}{inner}", fixed)]
     for w in warps_list:

@@ -27,7 +27,7 @@ SM90 = backends.GPUTarget("cuda", 90, 32)
 ALIGNED = ("x_ptr", "y_ptr", "m_ptr", "N", "smb", "smh", "smq")
 ROW_ARGS = {"M": "i32", "N": "i32"}
 MASK_ARGS = {"m_ptr": "*i1", "H": "i32", "Q": "i32", "smb": "i32", "smh": "i32", "smq": "i32",
-             "smk": "i32", "scale": "fp32", "m_span": "i64"}  # fmt: skip
+             "smk": "i32", "scale": "fp32"}  # fmt: skip
 
 
 def _compile(kernel, signature: dict, constexprs: dict, num_warps: int, *, aligned=(), **options):

@@ -132,36 +132,6 @@ def test_unpredicated_block_and_mask_width_compute_the_same_softmax(interpreted,
                 assert torch.equal(y[1, :, 1], torch.zeros(2, 4096, dtype=dtype)), what
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
-def test_rows_read_past_their_end_compute_the_same_softmax(interpreted, dtype):
-    # READ_PAST: rows of 3000 in 4096-element blocks load a block from each row's start, into
-    # the next row (whose first 1000 scores are 60: leaked into a row, they would be its max)
-    # and into the next mask row (True where this one is False); the last row of x, and of
-    # the mask, keeps its predicates. Scales of both signs (POS_SCALE on and off), a bool mask
-    # shared by the heads (fully masked row, row masked past column 7), a [Q, K] additive mask
-    # whose next row starts at +60, none; and two rows a program (BLOCK_M 2, rows of 1500).
-    for cols in (3000, 1500):
-        x = _randn((2, 2, 3, cols), dtype, seed=5)
-        x[..., 1::2, :1000] = 60.0
-        shared = torch.ones(2, 1, 3, cols, dtype=torch.bool)
-        shared[..., 0::2, :2] = False
-        shared[1, 0, 1] = False
-        shared[0, 0, 2, 7:] = False
-        additive = torch.zeros(3, cols)
-        additive[1, :1000] = 60.0
-        additive[0, 5:] = float("-inf")
-        for mask in (shared, additive.to(dtype), None):
-            for scale in (0.5, -0.5):
-                ref = masked_softmax_ref(x, mask, scale)
-                for past in (True, False):
-                    y = interpreted("_softmax", "softmax_forward", x, mask, scale,
-                                    mask is not None, read_past=past)  # fmt: skip
-                    what = f"{cols}, {'no' if mask is None else mask.dtype} mask, {scale}, {past}"
-                    assert_close(y, ref, dtype, what)
-                    if mask is shared:
-                        assert torch.equal(y[1, :, 1], torch.zeros(2, cols, dtype=dtype)), what
-
-
 @pytest.mark.parametrize(
     "kw",
     [{"loop_l2_hints": True}, {"loop_chunk_stats": True, "loop_maxnreg": 32}],

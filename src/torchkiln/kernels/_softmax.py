@@ -259,24 +259,6 @@ def _scores(
 
 
 @triton.jit
-def _scores_past(x_ptrs, m_ptrs, col_ok, xf, mf, MASK_KIND: tl.constexpr, POS_SCALE: tl.constexpr):
-    # _scores without predicates (READ_PAST): x and the mask are read a whole block from the
-    # row's start, into the next row's memory where the row is shorter than the block (the
-    # launcher's m_span and M * N bound every address), and what lies past the row is set to
-    # -inf by a select, which works whatever those bytes hold (NaN included).
-    z = tl.load(x_ptrs).to(tl.float32)
-    if not POS_SCALE:
-        z = z * xf
-    if MASK_KIND == 1:
-        keep = (tl.load(m_ptrs) != 0) & col_ok
-    else:
-        if MASK_KIND == 2:
-            z = z + tl.load(m_ptrs).to(tl.float32) * mf
-        keep = col_ok
-    return tl.where(keep, z, float("-inf"))
-
-
-@triton.jit
 def _normalise(z, c, SAFE: tl.constexpr, AXIS: tl.constexpr, POS_SCALE: tl.constexpr):
     # softmax of the scores along AXIS, held whole (single-block and rows kernels).
     row_max = _finite(tl.max(z, axis=AXIS, keep_dims=True))
@@ -294,8 +276,7 @@ def _softmax_fwd_block(
     x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale,
     MASK_KIND: tl.constexpr, SAFE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_DIMS: tl.constexpr = 7, POS_SCALE: tl.constexpr = False, HEADS_INNER: tl.constexpr = 0,
-    MASK_VEC: tl.constexpr = 0, EVEN: tl.constexpr = False, READ_PAST: tl.constexpr = False,
-    m_span=0,
+    MASK_VEC: tl.constexpr = 0, EVEN: tl.constexpr = False,
 ):  # fmt: skip
     xf, mf = _x_factor(scale, POS_SCALE), _mask_factor(scale, POS_SCALE)
     c = _exp_factor(scale, POS_SCALE)
@@ -319,11 +300,11 @@ def _softmax_fwd_block(
         q = bq - b * Q
         rows = ((b * HEADS_INNER + head) * Q + q) + tl.arange(0, BLOCK_M)
         m_off = b.to(tl.int64) * smb + head.to(tl.int64) * smh + q.to(tl.int64) * smq
-        m_off = m_off + tl.zeros([BLOCK_M], tl.int64)
+        m_ptrs = (m_ptr + m_off + tl.zeros([BLOCK_M], tl.int64))[:, None]
     else:
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         m_off = _mask_row_offset(rows.to(tl.int64), H, Q, smb, smh, smq, MASK_DIMS)
-    m_ptrs = (m_ptr + m_off)[:, None]
+        m_ptrs = (m_ptr + m_off)[:, None]
     if EVEN:
         # N == BLOCK_N and M a multiple of BLOCK_M (the launcher's test): nothing to predicate.
         inb = tl.full([BLOCK_M, BLOCK_N], 1, tl.int1)
@@ -339,20 +320,9 @@ def _softmax_fwd_block(
     # them (bf16 at 4096 x 16384: 113 us against 75), without them (EVEN) all up front
     # (HEADS_INNER_MIN_BLOCK_N's note has the measurements).
     m_ptrs = m_ptrs + m_cols[None, :] * smk
-    x_ptrs = x_ptr + row_start + cols[None, :]
-    if READ_PAST:
-        # A padded row read unpredicated (the predicates are what make ptxas hold loads back:
-        # HEADS_INNER_MIN_BLOCK_N's note), where every row of the program has a block's worth
-        # of x and of its mask in memory from its start: all but the tensor's last rows.
-        ends = rows.to(tl.int64) * N + BLOCK_N <= (tl.full([], 0, tl.int64) + M) * N
-        if MASK_KIND != 0:
-            ends = ends & (m_off + (BLOCK_N - 1) * smk < m_span)
-        if tl.sum(ends.to(tl.int32), axis=0) == BLOCK_M:
-            z = _scores_past(x_ptrs, m_ptrs, col_ok, xf, mf, MASK_KIND, POS_SCALE)
-        else:
-            z = _scores(x_ptrs, m_ptrs, inb, col_ok, xf, mf, MASK_KIND, POS_SCALE)
-    else:
-        z = _scores(x_ptrs, m_ptrs, inb, col_ok, xf, mf, MASK_KIND, POS_SCALE)
+    z = _scores(
+        x_ptr + row_start + cols[None, :], m_ptrs, inb, col_ok, xf, mf, MASK_KIND, POS_SCALE
+    )
     y = _normalise(z, c, SAFE, 1, POS_SCALE).to(y_ptr.dtype.element_ty)
     tl.store(y_ptr + row_start + cols[None, :], y, mask=inb)
 
@@ -595,19 +565,6 @@ def wide_mask_vec(n_cols: int, kind: int, itemsize: int) -> bool:
     return kind == MASK_BOOL and itemsize == 2 and next_power_of_2(n_cols) == MAX_BLOCK_N
 
 
-def read_past_block(n_cols: int, block_m: int, block_n: int, kind: int, itemsize: int) -> bool:
-    """Whether the single-block forward reads padded rows unpredicated (READ_PAST) by default."""
-    return False
-
-
-def view_span(t: torch.Tensor) -> int:
-    """Elements of memory from `t`'s first element to its last (strides are never negative):
-    what a kernel may read from its data pointer."""
-    if t.numel() == 0:
-        return 0
-    return 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
-
-
 def forward_maxnreg(n_cols: int, masked: bool, itemsize: int) -> int | None:
     """ptxas's register cap for the single-block forward over rows of `n_cols`, or None:
     MASKED_FP32_WIDE_MAXNREG for the masked fp32 forward in 16384-element blocks on NVIDIA GPUs."""
@@ -677,7 +634,6 @@ def softmax_forward(
     heads_inner: bool | None = None,
     mask_vec: bool | None = None,
     even: bool | None = None,
-    read_past: bool | None = None,
 ) -> torch.Tensor:
     """softmax(scale * x + mask) over the last dim of a contiguous `x`.
 
@@ -697,9 +653,7 @@ def softmax_forward(
     measured faster), which goes before ROWS_LOOP. `even` (no predicates; only where rows fill
     the block and the grid) and `mask_vec` (the mask at x's load width) choose the block's EVEN
     and MASK_VEC; None leaves them to even_block and, for MASK_VEC, to the heads-innermost
-    forward with EVEN and to wide_mask_vec (which also turns EVEN off). `read_past` (padded rows
-    loaded unpredicated where a block's worth of memory follows each row's start: READ_PAST)
-    None leaves it to read_past_block.
+    forward with EVEN and to wide_mask_vec (which also turns EVEN off).
     """
     y, kind, common = forward_args(x, mask, scale)
     if x.numel() == 0:
@@ -750,15 +704,10 @@ def softmax_forward(
         if mask_vec is None:
             mask_vec = (bool(heads) and exact) or wide_vec
         vec = 16 // itemsize if mask_vec and masked else 0
-        if read_past is None:
-            read_past = read_past_block(n, block_m, block_n, kind, itemsize)
-        past = {}
-        if read_past and not exact:
-            past = {"READ_PAST": True, "m_span": view_span(mask) if masked else 0}
         launchable(_softmax_fwd_block)[(cdiv(m, block_m),)](
             *common, MASK_KIND=kind, SAFE=safe, BLOCK_M=block_m, BLOCK_N=block_n,
             MASK_DIMS=dims, POS_SCALE=pos_scale, HEADS_INNER=heads, MASK_VEC=vec, EVEN=exact,
-            num_warps=num_warps, **({} if maxnreg is None else {"maxnreg": maxnreg}), **past,
+            num_warps=num_warps, **({} if maxnreg is None else {"maxnreg": maxnreg}),
         )  # fmt: skip
     else:
         grid = m if loop_programs is None else max(1, min(m, loop_programs))
