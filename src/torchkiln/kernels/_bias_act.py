@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from torchkiln.kernels import _launch_cache
 from torchkiln.kernels._launch import cdiv, launchable, next_power_of_2
 
 ACT_CODES = {"relu": 0, "gelu": 1}
@@ -257,6 +258,24 @@ def bias_act_forward(
         ACT=act_code(act, x) if code is None else code, BLOCK_M=block_m,
         BLOCK_N=block_n, num_warps=num_warps,
     )  # fmt: skip
+    return y
+
+
+# Eager calls' replays (_launch_cache): the forward kernel takes (x, bias, y, M, N, scale, ...).
+_FORWARD_CACHE = _launch_cache.LaunchCache(slots=(0, 1, 2, 5), out=2)
+
+
+def eager_forward(x: torch.Tensor, bias: torch.Tensor, act: str, scale: float) -> torch.Tensor:
+    """bias_act_forward, through the launch cache where the call is a direct eager one; the key:
+    x's shape (contiguous), dtype, device, the alignment of x and bias, the activation."""
+    if not _launch_cache.active():
+        return bias_act_forward(x, bias, act, scale)
+    key = (x.shape, x.dtype, x.device, x.data_ptr() % 16, bias.data_ptr() % 16, act)
+    replay = _FORWARD_CACHE.entries.get(key)
+    if replay is None:
+        return _FORWARD_CACHE.record(key, lambda: bias_act_forward(x, bias, act, scale))
+    y = torch.empty_like(x)
+    replay((x, bias, y, float(scale)))
     return y
 
 

@@ -40,9 +40,29 @@ def launchable(kernel: Any) -> Any:
     not accept in wrap_triton (2.14 passes it through); interpreted kernels are only launched
     eagerly on CPU tensors by the tests, so they are launched as they are.
     """
-    if getattr(_state, "direct", False) or is_interpreted(kernel):
+    if getattr(_state, "direct", False):
+        record = getattr(_state, "record", None)
+        return kernel if record is None else _Recording(kernel, record)
+    if is_interpreted(kernel):
         return kernel
     return torch.library.wrap_triton(kernel)
+
+
+class _Recording:
+    """A kernel whose launches are appended to `launches` (kernel, grid, args, kwargs) as they
+    are made: what _launch_cache keeps of an op body's launch."""
+
+    __slots__ = ("kernel", "launches")
+
+    def __init__(self, kernel: Any, launches: list) -> None:
+        self.kernel, self.launches = kernel, launches
+
+    def __getitem__(self, grid: tuple) -> Any:
+        def launch(*args: Any, **kwargs: Any) -> Any:
+            self.launches.append((self.kernel, grid, args, kwargs))
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
 
 
 def is_interpreted(kernel: Any) -> bool:

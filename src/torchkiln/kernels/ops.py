@@ -125,14 +125,14 @@ def _softmax(x: Tensor) -> Tensor:
     if x.device.type != "cuda":
         return _softmax_cpu(x)
     with _on_device_of(x):
-        return launchers()[0].softmax_forward(x)
+        return launchers()[0].eager_forward(x)
 
 
 def _softmax_backward(y: Tensor, dy: Tensor, scale: float) -> Tensor:
     if y.device.type != "cuda":
         return _softmax_backward_cpu(y, dy, scale)
     with _on_device_of(y):
-        return launchers()[0].softmax_backward(y, dy, scale)
+        return launchers()[0].eager_backward(y, dy, scale)
 
 
 def _masked_softmax(scores: Tensor, mask: Tensor | None, scale: float) -> Tensor:
@@ -140,14 +140,14 @@ def _masked_softmax(scores: Tensor, mask: Tensor | None, scale: float) -> Tensor
         return _masked_softmax_cpu(scores, mask, scale)
     # The launcher addresses the mask through its broadcast strides: no view is built here.
     with _on_device_of(scores):
-        return launchers()[0].softmax_forward(scores, mask, scale, safe=True)
+        return launchers()[0].eager_forward(scores, mask, scale, safe=True)
 
 
 def _bias_act_scale(x: Tensor, bias: Tensor, act: str, scale: float) -> Tensor:
     if x.device.type != "cuda":
         return _bias_act_cpu(x, bias, act, scale)
     with _on_device_of(x):
-        return launchers()[1].bias_act_forward(x, bias, act, scale)
+        return launchers()[1].eager_forward(x, bias, act, scale)
 
 
 def _bias_act_scale_backward(
