@@ -26,6 +26,11 @@ with every argument including the constexprs, against 17.6 us for the bare `kern
 (bf16: 14.4 against 29.1); but building the key in Python, in kiln's wrapper, cost more than the
 launcher saved.
 
+Session 17 added kiln's launch cache (src/torchkiln/kernels/_launch_cache.py: the op body's
+launch recorded per key of the op's inputs, replayed through the compiled launcher), on by
+default: every layer is called once before it is timed (the cache's miss), and the functional
+calls are also timed with it off ("cache off", KILN_LAUNCH_CACHE=0's path).
+
 Then, per dtype, one eager call of each functional API (softmax, masked_softmax with the bench's
 [1, 1, Q, K] bool mask, bias_act_scale with gelu) at 4096 x 2048: its host us, and the Python
 functions its time goes to (cProfile over PROFILE_CALLS calls, the costliest by own time). In

@@ -32,9 +32,8 @@ class direct_launches:
 def launchable(kernel: Any) -> Any:
     """The kernel wrapped with `torch.library.wrap_triton`, so that a launch inside a `triton_op`
     is traced into the graph (Inductor then calls the kernel itself, no graph break); inside
-    `direct_launches` the kernel itself, launched through Triton's JIT. (An experimental fast
-    launch that kept each compiled kernel and launched it directly was measured slower on the
-    H200 and removed: docs/kernels.md.)
+    `direct_launches` the kernel itself, launched through Triton's JIT, or, while
+    _launch_cache records an op body, a kernel that records its launch as it makes it.
 
     Under TRITON_INTERPRET=1 `@triton.jit` returns an InterpretedFunction, which torch 2.11 does
     not accept in wrap_triton (2.14 passes it through); interpreted kernels are only launched
