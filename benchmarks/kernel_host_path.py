@@ -58,6 +58,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 CALLS, ROUNDS = 200, 7
+# The launch cache's goal (session 17), judged in one run: an eager functional call's host time
+# with the cache at most this fraction of the same call's with it off.
+CACHE_GOAL = 0.75
 GRAPH_CALLS, GRAPH_REPLAYS = 20, 50
 
 
@@ -443,7 +446,23 @@ def main(argv: list[str] | None = None) -> int:
             continue
         busy = f" | {row['host_us_gpu_busy']:6.1f}" if "host_us_gpu_busy" in row else ""
         print(f"  {row['dtype']} {row['layer']:36s} {row['host_us']:6.1f}{busy}")
-    return 0
+    return 0 if judge_cache(calls) else 1
+
+
+def judge_cache(calls: list[dict]) -> bool:
+    """Print each functional call's host time with the launch cache over without it, against
+    CACHE_GOAL; True when every measured call meets it."""
+    ok = True
+    print(f"\nlaunch cache, host us on / off (goal: <= {CACHE_GOAL:.2f})")
+    for c in calls:
+        if "host_us" not in c:
+            continue
+        ratio = c["host_us"] / c["host_us_cache_off"]
+        ok &= ratio <= CACHE_GOAL
+        verdict = "PASS" if ratio <= CACHE_GOAL else "FAIL"
+        print(f"  {c['call']:20s} {c['dtype']} {c['host_us']:6.1f} / "
+              f"{c['host_us_cache_off']:6.1f} = {ratio:.2f} {verdict}")  # fmt: skip
+    return ok
 
 
 if __name__ == "__main__":
