@@ -8,9 +8,16 @@ import types
 
 import pytest
 import torch
-from kernels_reference import assert_close, softmax_backward_ref, softmax_ref
+from kernels_reference import (
+    GELU_ATOL,
+    assert_close,
+    bias_act_backward_ref,
+    softmax_backward_ref,
+    softmax_ref,
+    sum_atol,
+)
 
-from torchkiln.kernels import _launch_cache, bias_act_scale, masked_softmax, softmax
+from torchkiln.kernels import _launch_cache, bias_act_scale, masked_softmax, ops, softmax
 from torchkiln.kernels._launch import direct_launches, launchable
 
 _NONE = object()
@@ -103,7 +110,7 @@ def _fresh(monkeypatch):
 
 
 def test_a_repeated_call_replays_the_compiled_launch_with_its_new_arguments():
-    kernel, cache = FakeKernel("k1"), _launch_cache.LaunchCache(slots=(0, 1, 2, 5), out=2)
+    kernel, cache = FakeKernel("k1"), _launch_cache.LaunchCache(slots=(0, 1, 2, 5), outs=2)
     x, b = torch.randn(3, 4), torch.randn(4)
     y = _call(cache, kernel, x, b, 0.5)
     assert torch.equal(y, (x + b) * 0.5 * 2)
@@ -181,6 +188,53 @@ def test_off_or_outside_direct_launches_the_op_bodies_take_their_launchers(monke
     assert _softmax._FORWARD_CACHE.entries == {}
 
 
+class TwoOutputs(FakeKernel):
+    """y = x + b and z = (x + b).sum(0) per call: an output shaped unlike the inputs, as the
+    bias_act backward's partial sums."""
+
+    def __init__(self, name: str, skew: float = 0.0):
+        super().__init__(name, skew)
+        self.params.insert(3, _Param("z_ptr"))
+
+    @staticmethod
+    def _compute(x, b, y, z, m, n, scale, act, block, skew=0.0):
+        y.copy_(x + b)
+        z.copy_((x + b).sum(0, keepdim=True) + skew)
+
+
+def _two(cache, kernel, x, b):
+    key = (x.shape,)
+
+    def body():
+        y, z = torch.empty_like(x), torch.empty(1, x.shape[1])
+        launchable(kernel)[(1,)](x, b, y, z, x.shape[0], x.shape[1], 1.0, num_warps=4)
+        return y, z
+
+    with direct_launches():
+        replay = cache.entries.get(key)
+        if replay is None:
+            return cache.record(key, body)
+        y, z = torch.empty_like(x), torch.empty(replay.shapes[1])
+        replay((x, b, y, z))
+        return y, z
+
+
+def test_several_outputs_are_checked_and_their_shapes_kept():
+    kernel, cache = TwoOutputs("k8"), _launch_cache.LaunchCache((0, 1, 2, 3), outs=(2, 3))
+    for _ in range(3):
+        x, b = torch.randn(3, 4), torch.randn(4)
+        y, z = _two(cache, kernel, x, b)
+        assert torch.equal(y, x + b) and torch.equal(z, (x + b).sum(0, keepdim=True))
+    assert (kernel.jit_launches, kernel.replays) == (1, 3)
+    (replay,) = cache.entries.values()
+    assert replay.shapes == ((3, 4), (1, 4))
+    # A second output that differs turns the kernel off, though the first matches.
+    kernel, cache = TwoOutputs("k9", skew=1.0), _launch_cache.LaunchCache((0, 1, 2, 3), (2, 3))
+    with pytest.warns(RuntimeWarning, match="differs from the JIT launch"):
+        _two(cache, kernel, x, b)
+    assert list(cache.entries.values()) == [None]
+
+
 def test_the_cache_is_bounded(monkeypatch):
     monkeypatch.setattr(_launch_cache, "MAX_ENTRIES", 2)
     kernel, cache = FakeKernel("k7"), _launch_cache.LaunchCache((0, 1, 2, 5), 2)
@@ -211,6 +265,7 @@ def _gpu_cases(dtype):
         ("masked none", lambda: masked_softmax(s, None, 2.0)),
         ("bias relu", lambda: bias_act_scale(x, bias, "relu", 0.5)),
         ("bias gelu", lambda: bias_act_scale(skewed, bias, "gelu", 1.5)),
+        ("bias gelu backward", lambda: ops.autograd_bias_act_backward(x, bias, x, "gelu", 0.5)),
     ]
 
 
@@ -219,7 +274,7 @@ def _gpu_cases(dtype):
 def test_replayed_gpu_calls_match_the_jit_launch_bit_for_bit(monkeypatch, dtype):
     from torchkiln.kernels import _bias_act, _softmax
 
-    caches = (_softmax._FORWARD_CACHE, _bias_act._FORWARD_CACHE)
+    caches = (_softmax._FORWARD_CACHE, _bias_act._FORWARD_CACHE, _bias_act._BACKWARD_CACHE)
     for cache in caches:
         monkeypatch.setattr(cache, "entries", {})
     for name, call in _gpu_cases(dtype):
@@ -227,10 +282,12 @@ def test_replayed_gpu_calls_match_the_jit_launch_bit_for_bit(monkeypatch, dtype)
         want = call()
         monkeypatch.setattr(_launch_cache, "enabled", True)
         first, again = call(), call()  # recorded (and checked), then replayed
-        assert torch.equal(first, want) and torch.equal(again, want), name
+        for got in (first, again):
+            got, ref = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+            assert all(torch.equal(g, w) for g, w in zip(got, ref, strict=True)), name
     assert set(_launch_cache.status().values()) == {"ok"}, _launch_cache.status()
     replays = [r for cache in caches for r in cache.entries.values()]
-    assert len(replays) == 9 and all(r is not None for r in replays)
+    assert len(replays) == 10 and all(r is not None for r in replays)
 
 
 @pytest.mark.gpu
@@ -270,3 +327,18 @@ def test_replays_run_in_cuda_graphs_and_in_eager_training(monkeypatch):
         want = softmax_backward_ref(y.detach(), dy, 1.0)
         assert_close(x.grad, want, torch.float32, "eager backward")
     assert [r is not None for r in _softmax._BACKWARD_CACHE.entries.values()] == [True]
+    # bias_act_scale's backward (a replayed launch, then the partial sums' torch.sum).
+    from torchkiln.kernels import _bias_act
+
+    monkeypatch.setattr(_bias_act._BACKWARD_CACHE, "entries", {})
+    bias = torch.randn(1000, device="cuda")
+    for _ in range(3):
+        x, b = static.clone().requires_grad_(), bias.clone().requires_grad_()
+        dy = torch.randn_like(static)
+        bias_act_scale(x, b, "gelu", 0.5).backward(dy)
+        dx, db = bias_act_backward_ref(static, bias, dy, "gelu", 0.5)
+        dz_atol = GELU_ATOL * 0.5 * dy.abs().max().item()  # as test_bias_act_scale_gpu
+        assert_close(x.grad, dx, torch.float32, "bias_act dx", atol=dz_atol)
+        db_atol = sum_atol(dx, 128) + 128 * dz_atol
+        assert_close(b.grad, db, torch.float32, "bias_act dbias", atol=db_atol)
+    assert [r is not None for r in _bias_act._BACKWARD_CACHE.entries.values()] == [True]

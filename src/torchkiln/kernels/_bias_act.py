@@ -262,7 +262,7 @@ def bias_act_forward(
 
 
 # Eager calls' replays (_launch_cache): the forward kernel takes (x, bias, y, M, N, scale, ...).
-_FORWARD_CACHE = _launch_cache.LaunchCache(slots=(0, 1, 2, 5), out=2)
+_FORWARD_CACHE = _launch_cache.LaunchCache(slots=(0, 1, 2, 5), outs=2)
 
 
 def eager_forward(x: torch.Tensor, bias: torch.Tensor, act: str, scale: float) -> torch.Tensor:
@@ -277,6 +277,30 @@ def eager_forward(x: torch.Tensor, bias: torch.Tensor, act: str, scale: float) -
     y = torch.empty_like(x)
     replay((x, bias, y, float(scale)))
     return y
+
+
+# The backward kernel takes (x, bias, dy, dx, partial bias sums, M, N, rows a program, scale, ...).
+_BACKWARD_CACHE = _launch_cache.LaunchCache(slots=(0, 1, 2, 3, 4, 8), outs=(3, 4))
+
+
+def eager_backward(
+    x: torch.Tensor, bias: torch.Tensor, dy: torch.Tensor, act: str, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """bias_act_backward, its kernel launch through the launch cache where the call is a direct
+    eager one (eager_forward's key, with dy's alignment); the partial sums' shape is the
+    recorded one."""
+    if not _launch_cache.active() or x.numel() == 0:
+        return bias_act_backward(x, bias, dy, act, scale)
+    key = (x.shape, x.dtype, x.device, x.data_ptr() % 16, bias.data_ptr() % 16,
+           dy.data_ptr() % 16, act)  # fmt: skip
+    replay = _BACKWARD_CACHE.entries.get(key)
+    if replay is None:
+        dx, partial = _BACKWARD_CACHE.record(key, lambda: backward_launch(x, bias, dy, act, scale))
+    else:
+        dx = torch.empty_like(x)
+        partial = torch.empty(replay.shapes[1], dtype=torch.float32, device=x.device)
+        replay((x, bias, dy, dx, partial, float(scale)))
+    return dx, partial.sum(0).to(bias.dtype)
 
 
 def bias_act_backward(
@@ -299,10 +323,29 @@ def bias_act_backward(
     tile_config's) and `maxnreg` (ptxas's register cap, None for none) are the launch choices
     benchmarks/kernel_configs.py times; the defaults are BWD_PREFETCH and BWD_MAXNREG.
     """
+    if x.numel() == 0:
+        return torch.empty_like(x), torch.zeros_like(bias)
+    dx, partial = backward_launch(x, bias, dy, act, scale, target_programs, code, prefetch, tile,
+                                  maxnreg)  # fmt: skip
+    return dx, partial.sum(0).to(bias.dtype)
+
+
+def backward_launch(
+    x: torch.Tensor,
+    bias: torch.Tensor,
+    dy: torch.Tensor,
+    act: str,
+    scale: float,
+    target_programs: int = TARGET_PROGRAMS,
+    code: int | None = None,
+    prefetch: bool = BWD_PREFETCH,
+    tile: tuple[int, int, int] | None = None,
+    maxnreg: int | None = BWD_MAXNREG,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """bias_act_backward's kernel launch on a non-empty `x`: (dx, the fp32 partial bias sums, a
+    row a program group, which bias_act_backward sums)."""
     n = x.shape[-1]
     dx = torch.empty_like(x)
-    if x.numel() == 0:
-        return dx, torch.zeros_like(bias)
     m = x.numel() // n
     block_m, block_n, num_warps = tile_config(n, BWD_TILE) if tile is None else tile
     col_blocks = cdiv(n, block_n)
@@ -317,4 +360,4 @@ def bias_act_backward(
         ACT=act_code(act, x) if code is None else code, BLOCK_M=block_m,
         BLOCK_N=block_n, PREFETCH=prefetch, num_warps=num_warps, **cap,
     )  # fmt: skip
-    return dx, partial.sum(0).to(bias.dtype)
+    return dx, partial

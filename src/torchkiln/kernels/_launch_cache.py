@@ -59,10 +59,12 @@ def status() -> dict[str, str]:
 class Replay:
     """One recorded launch, replayed with new per-call arguments in `slots`."""
 
-    __slots__ = ("args", "kernel", "runner", "slots")
+    __slots__ = ("args", "kernel", "runner", "shapes", "slots")
 
     def __init__(self, kernel: Any, runner: Any, args: list, slots: tuple[int, ...]):
         self.kernel, self.runner, self.args, self.slots = kernel, runner, args, slots
+        # The recorded outputs' shapes, for an op whose outputs are not shaped like its inputs.
+        self.shapes: tuple = ()
 
     def __call__(self, values: tuple) -> None:
         args = self.args.copy()
@@ -119,47 +121,55 @@ def _capturing() -> bool:
 class LaunchCache:
     """Replays of one op body's launch, by key (the module docstring). `slots` are the
     positions, in the kernel's parameters, of the per-call arguments (tensors, the scale), and
-    `out` the index in `slots` of the output the body allocates and returns."""
+    `outs` the indices in `slots` of the outputs the body allocates and returns (one tensor,
+    or a tuple of them in this order)."""
 
-    def __init__(self, slots: tuple[int, ...], out: int) -> None:
-        self.slots, self.out = slots, out
+    def __init__(self, slots: tuple[int, ...], outs: int | tuple[int, ...]) -> None:
+        self.slots = slots
+        self.outs = (outs,) if isinstance(outs, int) else outs
         self.entries: dict[tuple, Replay | None] = {}
 
-    def record(self, key: tuple, body: Any) -> torch.Tensor:
-        """Run `body()` (which returns the output) with its launches recorded, and store under
-        `key` a replay of its launch where it made exactly one. Returns the output."""
+    def record(self, key: tuple, body: Any) -> Any:
+        """Run `body()` (which returns the outputs) with its launches recorded, and store under
+        `key` a replay of its launch where it made exactly one. Returns what `body()` did."""
         if key in self.entries or _capturing():
             return body()
         launches: list[tuple] = []
         prev = getattr(_launch._state, "record", None)
         _launch._state.record = launches
         try:
-            out = body()
+            result = body()
         finally:
             _launch._state.record = prev
-        replay = self._checked_replay(launches[0], out) if len(launches) == 1 else None
+        outs = result if isinstance(result, tuple) else (result,)
+        replay = self._checked_replay(launches[0], outs) if len(launches) == 1 else None
         if len(self.entries) >= MAX_ENTRIES:
             self.entries.clear()
         self.entries[key] = replay
-        return out
+        return result
 
-    def _checked_replay(self, launch: tuple, out: torch.Tensor) -> Replay | None:
+    def _checked_replay(self, launch: tuple, outs: tuple) -> Replay | None:
         name = _kernel_name(launch[0])
         if _checked.get(name, "ok") != "ok":
             return None
         try:
             values = recorded(launch, self.slots)
-            if values[self.out] is not out:
-                raise ValueError("the launch's output is not the body's result")
+            if len(outs) != len(self.outs) or any(
+                values[i] is not out for i, out in zip(self.outs, outs, strict=True)
+            ):
+                raise ValueError("the launch's outputs are not the body's results")
             replay = build(launch, self.slots)
+            replay.shapes = tuple(out.shape for out in outs)
             if name not in _checked:
-                # The first replay of this kernel in the process: into a fresh output,
+                # The first replay of this kernel in the process: into fresh outputs,
                 # compared bit for bit with the JIT launch's.
-                fresh = torch.empty_like(out)
-                values[self.out] = fresh
+                fresh = [torch.empty_like(out) for out in outs]
+                for i, f in zip(self.outs, fresh, strict=True):
+                    values[i] = f
                 replay(tuple(values))
-                if not torch.equal(fresh.view(torch.uint8), out.view(torch.uint8)):
-                    raise ValueError("its replay's output differs from the JIT launch's")
+                for f, out in zip(fresh, outs, strict=True):
+                    if not torch.equal(f.view(torch.uint8), out.view(torch.uint8)):
+                        raise ValueError("its replay's output differs from the JIT launch's")
         except (TypeError, ValueError, IndexError, AttributeError, RuntimeError) as exc:
             with _lock:
                 _checked[name] = f"{type(exc).__name__}: {exc}"

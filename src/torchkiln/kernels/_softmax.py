@@ -723,8 +723,8 @@ def softmax_forward(
 
 # Eager calls' replays (_launch_cache): every forward kernel takes (x, y, mask, M, N, H, Q, four
 # mask strides, scale, ...), every backward kernel (y, dy, dx, M, N, scale, ...).
-_FORWARD_CACHE = _launch_cache.LaunchCache(slots=(0, 1, 2, 11), out=1)
-_BACKWARD_CACHE = _launch_cache.LaunchCache(slots=(0, 1, 2, 5), out=2)
+_FORWARD_CACHE = _launch_cache.LaunchCache(slots=(0, 1, 2, 11), outs=1)
+_BACKWARD_CACHE = _launch_cache.LaunchCache(slots=(0, 1, 2, 5), outs=2)
 
 
 def eager_forward(

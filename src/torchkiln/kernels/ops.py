@@ -156,7 +156,7 @@ def _bias_act_scale_backward(
     if x.device.type != "cuda":
         return _bias_act_backward_cpu(x, bias, dy, act, scale)
     with _on_device_of(x):
-        return launchers()[1].bias_act_backward(x, bias, dy, act, scale)
+        return launchers()[1].eager_backward(x, bias, dy, act, scale)
 
 
 _CPU = {
