@@ -369,6 +369,7 @@ def functional_calls(dtype_name: str, rows_n: int = 4096, cols: int = 2048) -> l
     import torch
 
     from torchkiln.kernels import functional as F
+    from torchkiln.kernels import ops
     from torchkiln.kernels._cases import ATTN_SCALE, HEADS
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
@@ -376,10 +377,14 @@ def functional_calls(dtype_name: str, rows_n: int = 4096, cols: int = 2048) -> l
     scores = x.view(1, HEADS, rows_n // HEADS, cols)
     mask = torch.rand((1, 1, rows_n // HEADS, cols), device="cuda") < 0.9
     bias = torch.randn(cols, device="cuda", dtype=dtype)
+    dy = torch.randn_like(x)
     calls = {
         "softmax": lambda: F.softmax(x),
         "masked_softmax": lambda: F.masked_softmax(scores, mask, ATTN_SCALE),
         "bias_act_scale gelu": lambda: F.bias_act_scale(x, bias, "gelu", 0.5),
+        # The backward calls as autograd makes them in eager training (session 17).
+        "softmax bwd": lambda: ops.autograd_softmax_backward(x, dy, 1.0),
+        "bias_act gelu bwd": lambda: ops.autograd_bias_act_backward(x, bias, dy, "gelu", 0.5),
     }
     out = []
     for name, fn in calls.items():
@@ -450,16 +455,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def judge_cache(calls: list[dict]) -> bool:
-    """Print each functional call's host time with the launch cache over without it, against
-    CACHE_GOAL; True when every measured call meets it."""
+    """Print each call's host time with the launch cache over without it, against CACHE_GOAL
+    for the forward calls; True when every measured forward call meets it."""
     ok = True
     print(f"\nlaunch cache, host us on / off (goal: <= {CACHE_GOAL:.2f})")
     for c in calls:
         if "host_us" not in c:
             continue
         ratio = c["host_us"] / c["host_us_cache_off"]
-        ok &= ratio <= CACHE_GOAL
-        verdict = "PASS" if ratio <= CACHE_GOAL else "FAIL"
+        if c["call"].endswith("bwd"):
+            # No goal: a backward call had no validation to skip, and the bias_act one keeps
+            # its torch.sum (and bf16 cast) of the partial sums.
+            verdict = "(no goal)"
+        else:
+            ok &= ratio <= CACHE_GOAL
+            verdict = "PASS" if ratio <= CACHE_GOAL else "FAIL"
         print(f"  {c['call']:20s} {c['dtype']} {c['host_us']:6.1f} / "
               f"{c['host_us_cache_off']:6.1f} = {ratio:.2f} {verdict}")  # fmt: skip
     return ok
