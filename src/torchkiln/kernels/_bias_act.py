@@ -7,6 +7,8 @@ into the same pass as per-program column sums that a tiny torch.sum finishes.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -304,29 +306,13 @@ def eager_backward(
 
 
 def bias_act_backward(
-    x: torch.Tensor,
-    bias: torch.Tensor,
-    dy: torch.Tensor,
-    act: str,
-    scale: float,
-    target_programs: int = TARGET_PROGRAMS,
-    code: int | None = None,
-    prefetch: bool = BWD_PREFETCH,
-    tile: tuple[int, int, int] | None = None,
-    maxnreg: int | None = BWD_MAXNREG,
+    x: torch.Tensor, bias: torch.Tensor, dy: torch.Tensor, act: str, scale: float, **choices: Any
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dbias) of act(x + bias) * scale; `x` and `dy` contiguous and of the same shape.
-
-    `target_programs` lets tests make each program loop over several row blocks; `code` forces
-    the kernel's ACT, as in bias_act_forward. `prefetch` (the next row block's loads issued
-    before this one's arithmetic), `tile` ((BLOCK_M, BLOCK_N, num_warps) instead of
-    tile_config's) and `maxnreg` (ptxas's register cap, None for none) are the launch choices
-    benchmarks/kernel_configs.py times; the defaults are BWD_PREFETCH and BWD_MAXNREG.
-    """
+    `choices` are backward_launch's launch choices (tests, benchmarks/kernel_configs.py)."""
     if x.numel() == 0:
         return torch.empty_like(x), torch.zeros_like(bias)
-    dx, partial = backward_launch(x, bias, dy, act, scale, target_programs, code, prefetch, tile,
-                                  maxnreg)  # fmt: skip
+    dx, partial = backward_launch(x, bias, dy, act, scale, **choices)
     return dx, partial.sum(0).to(bias.dtype)
 
 
@@ -343,7 +329,14 @@ def backward_launch(
     maxnreg: int | None = BWD_MAXNREG,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """bias_act_backward's kernel launch on a non-empty `x`: (dx, the fp32 partial bias sums, a
-    row a program group, which bias_act_backward sums)."""
+    row a program group, which bias_act_backward sums).
+
+    `target_programs` lets tests make each program loop over several row blocks; `code` forces
+    the kernel's ACT, as in bias_act_forward. `prefetch` (the next row block's loads issued
+    before this one's arithmetic), `tile` ((BLOCK_M, BLOCK_N, num_warps) instead of
+    tile_config's) and `maxnreg` (ptxas's register cap, None for none) are the launch choices
+    benchmarks/kernel_configs.py times; the defaults are BWD_PREFETCH and BWD_MAXNREG.
+    """
     n = x.shape[-1]
     dx = torch.empty_like(x)
     m = x.numel() // n
