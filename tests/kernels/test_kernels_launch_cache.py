@@ -117,6 +117,9 @@ def test_a_repeated_call_replays_the_compiled_launch_with_its_new_arguments():
     # The miss launched through the JIT, then checked the first replay into a fresh output.
     assert (kernel.jit_launches, kernel.replays, kernel.warmups) == (1, 1, 1)
     assert _launch_cache.status() == {"tests.k1": "ok"}
+    from torchkiln.kernels import launch_cache_status
+
+    assert launch_cache_status() == {"tests.k1": "ok"}
     x2, b2 = torch.randn(3, 4), torch.randn(4)
     y2 = _call(cache, kernel, x2, b2, -3.0)
     assert torch.equal(y2, (x2 + b2) * -3.0 * 2)  # new tensors and scale, the key's ACT

@@ -25,6 +25,7 @@ _EXPORTS = {
     "MaskedSoftmax": "modules",
     "BiasActScale": "modules",
     "HAS_TRITON": "ops",
+    "launch_cache_status": "_launch_cache",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -56,6 +56,13 @@ def status() -> dict[str, str]:
     return dict(_checked)
 
 
+def launch_cache_status() -> dict[str, str]:
+    """The eager launch cache per kernel this process has launched: "ok" where its replays
+    matched Triton's JIT launch bit for bit, else why it is off (`torchkiln.kernels`'s name for
+    `status`)."""
+    return status()
+
+
 class Replay:
     """One recorded launch, replayed with new per-call arguments in `slots`."""
 
