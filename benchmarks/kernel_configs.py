@@ -249,6 +249,7 @@ def _even_arms(
     warps_list: tuple[int, ...] = (),
     rows_list: tuple[tuple[int, int, int], ...] = (),
     heads_warps: tuple[int, ...] = (),
+    pieces: tuple[tuple[int, int], ...] = (),
 ) -> list[tuple[str, Any]]:
     """Session 15: the single-block forward as the launcher configures it (forward_config's
     warps, forward_maxnreg's cap, heads_inner_order's row order), plain, with EVEN (no
@@ -259,7 +260,8 @@ def _even_arms(
     rows kernel at these (warps, programs an SM, stages), plain and with EVEN and MASK_VEC.
     Session 16: `heads_warps` the block heads innermost at these warps, whatever the policy says
     (session 15's maskvec/ run had the bf16 one at 16 warps with MASK_VEC at 90% of the copy at
-    16384 against 85-87% as configured, once), with the same variants."""
+    16384 against 85-87% as configured, once), with the same variants. Session 17: `pieces`,
+    (piece, warps) of _softmax_fwd_pieces for padded rows."""
     import torch
 
     from torchkiln.kernels import _softmax as ks
@@ -313,6 +315,25 @@ def _even_arms(
                 launch(*args, **kw, BLOCK_N=block_n, STAGES=st, num_warps=w, **k)
 
             arms.append((f"rows w{rows_warps} {per_sm}/SM s{stages}{suffix}", rows_variant))
+    for piece, piece_warps in pieces:
+        # Session 17: the row as full pieces without predicates and a predicated tail
+        # (_softmax_fwd_pieces), in the default order and heads innermost, with and without
+        # MASK_VEC.
+        full = cols // piece
+        if not 1 <= full <= 3 or cols == full * piece:
+            continue
+        tail = ks.next_power_of_2(cols - full * piece)
+        orders = [("", 0)] + ([(" heads-inner", HEADS)] if masked else [])
+        vecs = [("", 0)] + ([(" vec", 16 // itemsize)] if masked else [])
+        for (o_name, h), (v_name, v) in ((o, v) for o in orders for v in vecs):
+
+            def pieces_arm(pc: int = piece, f: int = full, t: int = tail, w: int = piece_warps,
+                           h: int = h, v: int = v) -> None:  # fmt: skip
+                ks._softmax_fwd_pieces[(ROWS,)](*args, **kw, PIECE=pc, PIECES=f, TAIL=t,
+                                                HEADS_INNER=h, MASK_VEC=v, num_warps=w)  # fmt: skip
+
+            name = f"pieces {full}x{piece}+{tail} w{piece_warps}{o_name}{v_name}"
+            arms.append((name, pieces_arm))
     rows = ks.rows_loop(cols, masked, itemsize)
     if rows is not None:
         rows_warps, per_sm, stages = rows
@@ -422,6 +443,7 @@ def measure_softmax(
     even_warps: tuple[int, ...] = (),
     even_rows: tuple[tuple[int, int, int], ...] = (),
     even_heads: tuple[int, ...] = (),
+    pieces: tuple[tuple[int, int], ...] = (),
 ) -> dict[str, Any]:
     import torch
 
@@ -436,7 +458,7 @@ def measure_softmax(
                            "dtype": dtype_name, "rows": ROWS, "cols": cols, "bytes": nbytes,
                            "copy_gbps": copy_gbps, "arms": {}}  # fmt: skip
     if even_arms:
-        arms = _even_arms(case, cols, even_warps, even_rows, even_heads)
+        arms = _even_arms(case, cols, even_warps, even_rows, even_heads, pieces)
     else:
         arms = _arms(case, cols, loops, measured)
     for name, fn in arms:
@@ -613,6 +635,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--even-rows", nargs="*", default=[], metavar="W:P:S",
                    help="with --even-arms: the rows kernel at warps:programs an SM:stages, "
                         "plain, EVEN, and EVEN with MASK_VEC")  # fmt: skip
+    p.add_argument("--pieces", nargs="*", default=[], metavar="P:W",
+                   help="with --even-arms: padded rows as full pieces of P elements and a tail, "
+                   "at W warps (session 17)")  # fmt: skip
     p.add_argument("--even-heads", type=int, nargs="*", default=[], metavar="W",
                    help="with --even-arms: the masked block heads innermost at these warps, "
                         "with the same variants")  # fmt: skip
@@ -655,6 +680,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     loops, measured = not args.no_loop, not args.skip_measured
     rows = tuple(tuple(int(v) for v in spec.split(":")) for spec in args.even_rows)
+    pieces = tuple(tuple(int(v) for v in spec.split(":")) for spec in args.pieces)
     for cols in [] if args.bias_act_only else args.cols:
         for kind in args.kinds:
             for d in args.dtypes:
@@ -668,6 +694,7 @@ def main(argv: list[str] | None = None) -> int:
                     tuple(args.even_warps),
                     rows,
                     tuple(args.even_heads),
+                    pieces,
                 )
                 jobs.append((f"{kind} {d} {cols}", job))
     start = time.monotonic()

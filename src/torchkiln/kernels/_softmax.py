@@ -329,6 +329,68 @@ def _softmax_fwd_block(
 
 
 @triton.jit
+def _softmax_fwd_pieces(
+    x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale,
+    MASK_KIND: tl.constexpr, SAFE: tl.constexpr, PIECE: tl.constexpr, PIECES: tl.constexpr,
+    TAIL: tl.constexpr, MASK_DIMS: tl.constexpr = 7, POS_SCALE: tl.constexpr = False,
+    HEADS_INNER: tl.constexpr = 0, MASK_VEC: tl.constexpr = 0,
+):  # fmt: skip
+    # Experimental (session 17, kernel_configs.py --pieces): one row a program, held as PIECES
+    # (1-3) full pieces of PIECE elements, loaded without predicates, and a predicated tail of
+    # TAIL, so a padded row wastes at most a tail's padding (12672 = 3 x 4096 + 384 in 12800
+    # lanes, against 16384 for the single block) and most of its loads carry no predicate.
+    xf, mf = _x_factor(scale, POS_SCALE), _mask_factor(scale, POS_SCALE)
+    c = _exp_factor(scale, POS_SCALE)
+    pid = tl.program_id(0)
+    if HEADS_INNER > 0:
+        bq = pid // HEADS_INNER
+        head = pid - bq * HEADS_INNER
+        b = bq // Q
+        q = bq - b * Q
+        row = ((b * HEADS_INNER + head) * Q + q).to(tl.int64)
+        m_off = b.to(tl.int64) * smb + head.to(tl.int64) * smh + q.to(tl.int64) * smq
+    else:
+        row = pid + tl.full([], 0, tl.int64)
+        m_off = _mask_row_offset(row, H, Q, smb, smh, smq, MASK_DIMS)
+    x_row, y_row, m_row = x_ptr + row * N, y_ptr + row * N, m_ptr + m_off
+    p = tl.arange(0, PIECE)
+    mp = tl.max_contiguous(tl.arange(0, PIECE), MASK_VEC) if MASK_VEC > 0 else p
+    full = tl.full([PIECE], 1, tl.int1)
+    z0 = _scores(x_row + p, m_row + mp * smk, full, full, xf, mf, MASK_KIND, POS_SCALE)
+    zm = z0
+    if PIECES > 1:
+        z1 = _scores(x_row + PIECE + p, m_row + (PIECE + mp) * smk, full, full, xf, mf,
+                     MASK_KIND, POS_SCALE)  # fmt: skip
+        zm = tl.maximum(zm, z1)
+    if PIECES > 2:
+        z2 = _scores(x_row + 2 * PIECE + p, m_row + (2 * PIECE + mp) * smk, full, full, xf, mf,
+                     MASK_KIND, POS_SCALE)  # fmt: skip
+        zm = tl.maximum(zm, z2)
+    t = PIECES * PIECE + tl.arange(0, TAIL)
+    tin = t < N
+    zt = _scores(x_row + t, m_row + t * smk, tin, tin, xf, mf, MASK_KIND, POS_SCALE)
+    # The full pieces combined element by element first: two block reductions a statistic.
+    mx = _finite(tl.maximum(tl.max(zm, axis=0), tl.max(zt, axis=0)))
+    e0 = _exp2_shifted(z0, mx, c, POS_SCALE)
+    es = e0
+    if PIECES > 1:
+        e1 = _exp2_shifted(z1, mx, c, POS_SCALE)
+        es = es + e1
+    if PIECES > 2:
+        e2 = _exp2_shifted(z2, mx, c, POS_SCALE)
+        es = es + e2
+    et = _exp2_shifted(zt, mx, c, POS_SCALE)
+    inv = _inverse(tl.sum(es, axis=0) + tl.sum(et, axis=0), SAFE)
+    ty = y_ptr.dtype.element_ty
+    tl.store(y_row + p, (e0 * inv).to(ty))
+    if PIECES > 1:
+        tl.store(y_row + PIECE + p, (e1 * inv).to(ty))
+    if PIECES > 2:
+        tl.store(y_row + 2 * PIECE + p, (e2 * inv).to(ty))
+    tl.store(y_row + t, (et * inv).to(ty), mask=tin)
+
+
+@triton.jit
 def _softmax_fwd_rows(
     x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale,
     MASK_KIND: tl.constexpr, SAFE: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
