@@ -17,8 +17,9 @@ front end, LLVM and the bundled ptxas all run on the CPU), disassembles the cubi
 bundled cuobjdump, and counts the instructions of the whole (loop-free) kernel over the
 elements one thread handles, with the integer arguments specialised as at the bench's launch
 (compile_sm90). It also counts the softmax forward at 12672 columns (the single block padded to
-16384, which fp32 and the masked forward run there; since session 14 the bf16 softmax takes the
-persistent rows kernel at that length, _softmax.ROWS_LOOP_PADDED; session 8 also counted a
+16384, which fp32 and the masked forward ran there; sessions 14-16 ran the bf16 softmax in the
+persistent rows kernel at that length, and since session 17 padded rows take
+_softmax._softmax_fwd_pieces where pieces_config says; session 8 also counted a
 kernel holding the row as power-of-two pieces, 21.7 against 25.9 at bf16, which then ran slower
 on the H200 and was removed in session 9). Writes
 DIR/kernel_sass.json with the environment and prints a table last. Needs the `triton` extra.

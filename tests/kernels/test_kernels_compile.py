@@ -260,15 +260,26 @@ def test_the_masked_fp32_forward_launches_heads_innermost_where_heads_share_its_
         return kernel, grid, kw.get("HEADS_INNER"), kw["num_warps"]
 
     block, rows = _softmax._softmax_fwd_block, _softmax._softmax_fwd_rows
+    pieces = _softmax._softmax_fwd_pieces
     fp32, bf16 = torch.float32, torch.bfloat16
     assert launch(fp32, (1, 1, 3), 8192) == (block, (12,), 4, 16)
-    assert launch(fp32, (1, 1, 3), 12672)[2:] == (4, 16)
+    # Padded rows of 8193-16383 with a bool mask the heads share: the pieces kernel heads
+    # innermost, fp32 at 4 warps with MASK_VEC, bf16 at 8 without (session 17).
+    assert launch(fp32, (1, 1, 3), 12672) == (pieces, (12,), 4, 4)
+    assert flags[-1] == (None, 4)
+    assert launch(bf16, (1, 1, 3), 12672) == (pieces, (12,), 4, 8)
+    assert flags[-1] == (None, 0)
+    assert launch(bf16, (1, 4, 3), 12672) == (pieces, (12,), 0, 8)  # a mask per head
+    assert launch(bf16, (1, 1, 3), 14336)[0] is block  # three pieces and a 2048 tail: the block
+    assert launch(fp32, (1, 4, 3), 12672)[0] is block  # fp32, a mask per head: the block
+    assert launch(bf16, (1, 1, 3), 12672, pieces=False)[0] is block
     # Rows that fill their block run unpredicated (EVEN), and the heads-innermost fp32 one
-    # loads its mask at x's width (MASK_VEC, 4 columns); a padded row neither.
-    assert flags[-1] == (False, 0)  # 12672 above: padded to 16384
+    # loads its mask at x's width (MASK_VEC, 4 columns); a padded one neither.
+    launch(fp32, (1, 1, 3), 12672, pieces=False)
+    assert flags[-1] == (False, 0)
     launch(fp32, (1, 1, 3), 8192)
     assert flags[-1] == (True, 4)
-    launch(bf16, (1, 1, 3), 12672)  # padded: the default order, predicated, its mask's width
+    launch(bf16, (1, 1, 3), 12672, pieces=False)  # the default order, predicated
     assert flags[-1] == (False, 0)
     launch(fp32, (1, 4, 3), 16384)  # a mask per head: the default order, its mask's own width
     assert flags[-1] == (True, 0)
@@ -358,12 +369,26 @@ def test_block_configs_hold_16_values_per_thread():
     assert rows(32768, True, 2) is None and rows(20000, True, 2) is None
     assert rows(32768, False, 4) is None and rows(16384, True, 2) is None
     assert rows(32769, False, 2) is None and rows(65536, True, 4) is None
-    # And 2-byte rows of 8193-16383 without a mask, padded in a 16384-element block (session 14:
-    # 87-90% of the copy against the block's 78-86% at 10240 and 12672), in four stages since
-    # session 16 (0.3-1.5 points over three at 12672 in six runs).
-    assert rows(12672, masked=False, itemsize=2) == rows(8193, False, 2) == (16, 2, 4)
-    assert rows(16384, False, 2) is None and rows(8192, False, 2) is None
-    assert rows(12672, False, 4) is None and rows(12672, True, 2) is None
+    assert rows(12672, False, 2) is None  # padded rows: the pieces kernel since session 17
+    # Padded rows of 8193-16383 as full 4096-element pieces and a tail (session 17): 2-byte
+    # without a mask at 16 warps (97% of the copy at 12672 against the rows kernel's 91%), a
+    # bool mask the heads share heads innermost (fp32 at 4 warps with MASK_VEC: 95% against
+    # 92%; bf16 at 8: 90% against 84%), 2-byte with a bool mask in two pieces or with a tail
+    # of at most 512 (at 14336, three pieces and 2048, 85% against the block's 88%).
+    cfg = _softmax.pieces_config
+    none, bool_, add = _softmax.MASK_NONE, _softmax.MASK_BOOL, _softmax.MASK_ADD
+    assert cfg(12672, none, 2, False) == (4096, 3, 512, 16, False, False)
+    assert cfg(10240, none, 2, False) == (4096, 2, 2048, 16, False, False)
+    assert cfg(12288, none, 2, False) == (4096, 3, 1, 16, False, False)  # an empty tail
+    assert cfg(12672, none, 4, False) is None  # fp32: the block (98% either way)
+    assert cfg(12672, bool_, 4, True) == (4096, 3, 512, 4, True, True)
+    assert cfg(12672, bool_, 4, False) is None
+    assert cfg(12672, bool_, 2, True) == (4096, 3, 512, 8, True, False)
+    assert cfg(12672, bool_, 2, False) == (4096, 3, 512, 8, False, False)
+    assert cfg(9000, bool_, 2, True)[:3] == (4096, 2, 1024)
+    assert cfg(14336, bool_, 2, True) is None and cfg(12800, bool_, 2, True) is not None
+    assert cfg(12672, add, 2, True) is None and cfg(12672, add, 4, True) is None
+    assert cfg(8192, none, 2, False) is None and cfg(16384, none, 2, False) is None
     # The masked fp32 forward in 8192- to 32768-element blocks takes its rows heads innermost
     # where several heads share a mask that differs by query (session 15: 91-94% of the copy
     # against 88-92%, 87% at 32768 against the rows kernel's 80); MASK_DIMS bits: 1 batch,
@@ -451,19 +476,34 @@ def test_rows_kernel_fits_an_sm_without_spilling(masked, dtype, pos_scale):
     assert ("cp.async" in compiled.asm["ptx"]) is (stages > 1)
 
 
-def test_padded_rows_kernel_fits_its_programs_an_sm():
-    # ROWS_LOOP_PADDED (2-byte rows of 8193-16383 in a 16384-element block, 4 stages since
-    # session 16): no spills, and every program it asks for on an SM fits in the 228 KB of
-    # shared memory a Hopper SM has (two programs of 96 KB).
-    warps, per_sm, stages = _softmax.rows_loop(12672, False, 2)
-    sig = {"x_ptr": "*bf16", "y_ptr": "*bf16", **ROW_ARGS, **MASK_ARGS}
+@pytest.mark.parametrize(("dtype", "mask_kind"), [("bf16", 0), ("bf16", 1), ("fp32", 1)])
+def test_the_pieces_kernel_loads_its_full_pieces_unpredicated(dtype, mask_kind):
+    # pieces_config's launches at 12672 (three pieces of 4096 and a 512 tail), compiled as the
+    # launcher specialises aligned inputs: no spills, and of its global loads only the tail's
+    # carry a predicate (the single block predicates every one at that length).
+    itemsize = 2 if dtype == "bf16" else 4
+    piece, count, tail, warps, inner, vec = _softmax.pieces_config(12672, mask_kind, itemsize,
+                                                                   True)  # fmt: skip
+    sig = {"x_ptr": f"*{dtype}", "y_ptr": f"*{dtype}", **ROW_ARGS, **MASK_ARGS}
     del sig["smk"]
-    consts = {"MASK_KIND": 0, "SAFE": False, "BLOCK_N": 16384, "STAGES": stages, "smk": 1,
-              "POS_SCALE": True, "MASK_DIMS": 0}  # fmt: skip
-    compiled = _compile(_softmax._softmax_fwd_rows, sig, consts, warps, aligned=ALIGNED)
+    consts = {
+        "MASK_KIND": mask_kind,
+        "SAFE": mask_kind != 0,
+        "PIECE": piece,
+        "PIECES": count,
+        "TAIL": tail,
+        "MASK_DIMS": 4 if mask_kind else 0,
+        "POS_SCALE": True,
+        "smk": 1,
+        "HEADS_INNER": 8 if inner else 0,
+        "MASK_VEC": 16 // itemsize if vec else 0,
+    }
+    compiled = _compile(_softmax._softmax_fwd_pieces, sig, consts, warps, aligned=ALIGNED)
     assert _ptxas_spills(compiled) == 0
-    assert compiled.metadata.shared * per_sm <= 228 * 1024
-    assert "cp.async" in compiled.asm["ptx"]
+    loads = re.findall(r"^\s*(@!?%p\d+\s+)?ld\.global", compiled.asm["ptx"], re.M)
+    predicated = sum(1 for guard in loads if guard)
+    # Each piece issues at least as many loads as the tail.
+    assert 0 < predicated and len(loads) - predicated >= count * predicated, (predicated, loads)
 
 
 def _jit_functions():

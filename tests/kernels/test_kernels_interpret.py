@@ -81,7 +81,8 @@ def test_looped_forward_with_fewer_programs_than_rows_covers_every_row(interpret
 def test_long_rows_take_their_kernels_and_compute_softmax(interpreted, dtype):
     # Rows over 16384 columns without a mask take LONG_ROW_LOOP's 16384- or 8192-long chunks,
     # the last one partial, except bf16 rows of up to 32768, which take the persistent rows
-    # kernel (ROWS_LOOP), as do bf16 rows of 10000 (ROWS_LOOP_PADDED; fp32 takes the block);
+    # kernel (ROWS_LOOP); bf16 rows of 10000 take the pieces kernel (two of 4096 and a 2048
+    # tail: pieces_config), fp32 ones the block;
     # masked rows of 20000 with one head take the rows kernel at both dtypes. Checked against
     # torch as every other path.
     for cols in (10000, 20000, 40000):
@@ -130,6 +131,32 @@ def test_unpredicated_block_and_mask_width_compute_the_same_softmax(interpreted,
             assert_close(y, ref, dtype, what)
             if mask is shared:
                 assert torch.equal(y[1, :, 1], torch.zeros(2, 4096, dtype=dtype)), what
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_rows_held_as_pieces_compute_the_same_softmax(interpreted, dtype):
+    # _softmax_fwd_pieces with short pieces: rows of 300 as two pieces of 128 and a 64-element
+    # tail, of 256 with an empty tail, of 100 as one piece of 64 and a tail of 64; heads
+    # innermost or not, the mask at x's width or not; a bool mask the heads share (a fully
+    # masked row, a row masked past its 7th column), an additive causal one, none; both signs
+    # of the scale (POS_SCALE on and off).
+    for cols, piece, count, tail in ((300, 128, 2, 64), (256, 128, 2, 1), (100, 64, 1, 64)):
+        x = _randn((2, 2, 3, cols), dtype, seed=6)
+        shared = torch.ones(2, 1, 3, cols, dtype=torch.bool)
+        shared[1, 0, 1] = False
+        shared[0, 0, 2, 7:] = False
+        causal = torch.zeros(3, cols).masked_fill(torch.ones(3, cols).triu(1) > 0, float("-inf"))
+        for mask in (shared, causal.to(dtype), None):
+            for scale in (0.5, -0.5):
+                ref = masked_softmax_ref(x, mask, scale)
+                for inner, vec in ((False, False), (True, False), (True, True)):
+                    config = (piece, count, tail, 4, inner, vec)
+                    y = interpreted("_softmax", "softmax_forward", x, mask, scale,
+                                    mask is not None, pieces=config)  # fmt: skip
+                    what = f"{cols}, {'no' if mask is None else mask.dtype} mask, {scale}, {config}"
+                    assert_close(y, ref, dtype, what)
+                    if mask is shared:
+                        assert torch.equal(y[1, :, 1], torch.zeros(2, cols, dtype=dtype)), what
 
 
 @pytest.mark.parametrize(

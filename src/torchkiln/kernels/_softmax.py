@@ -68,16 +68,24 @@ LONG_ROW_LOOP = {4: (16384, 32), 2: (8192, 16)}
 # (heads_inner_order, EVEN: 93% against 81%, session 15), and the masked 2-byte one the block
 # with its mask at x's width (wide_mask_vec: 74% against 70%, session 16).
 ROWS_LOOP = {(False, 2): (16, 2, 3), (True, 4): (32, 1, 1)}
-# Rows of 8193-16383 elements, whose 16384-element block is padded, that the rows kernel takes.
-# H200, session 14 (kernel_configs.py, 4096 rows, % of the copy, the block's best warps against
-# the rows kernel at 16 warps, 2 programs an SM, 3 stages): bf16 without a mask at 10240 78 / 87,
-# 12672 86 / 89 (87 / 90 on another lease), 14336 91 / 90; at 16384, unpadded, the block
-# leads (94 / 90). fp32 blocks ran 97-98% there; masked, the rows kernel ran 41-75%. Four
-# stages (three rows in flight, 96 KB of shared memory a program, 192 KB for the SM's two) since
-# session 16: 12672 in six runs 90.6 / 90.3 / 91.0 / 90.7 / 87.3 / 88.5 against three stages'
-# 89.1 / 89.2 / 89.6 / 89.3 / 86.8 / 88.2 (sessions 14-15's gluon, stages4, heads, maskvec;
-# session16/stages-padded1, 2), 10240 87 / 88 against 86 / 86, 14336 90 / 88 against 90 / 87.
-ROWS_LOOP_PADDED = {(False, 2): (16, 2, 4)}
+# Rows of 8193-16383 elements, whose 16384-element block is padded, held as full pieces of
+# PIECE_N elements loaded without predicates and a predicated tail (_softmax_fwd_pieces,
+# pieces_config): at 12672 three pieces and a 512-element tail, 12800 lanes against the block's
+# 16384. H200, session 17 (kernel_configs.py --pieces, session17/pieces/, 4096 rows, % of the
+# copy at 10240 / 12672 / 14336, one run, the pieces' arm against what ran before):
+# - bf16 without a mask, 16 warps: 92 / 97 / 90 against the rows kernel's 88 / 91 / 89 (the
+#   rows kernel, ROWS_LOOP_PADDED since session 14, went: sessions 14-16 measured it at
+#   87-91%, the block at 74-91%); 8 warps 96 / 95 / 88, 4 warps 86 / 96 / 95.
+# - fp32 without a mask: 98 / 98 / 98 against the block's 98 / 98 / 98; the block stays.
+# - masked fp32 (bool), heads innermost with MASK_VEC at 4 warps where the heads share the mask:
+#   94 / 95 / 94 against the heads-innermost block's 86 / 92 / 92.
+# - masked bf16 (bool), 8 warps, heads innermost where the heads share the mask: 94 / 90 / 80
+#   against the block's 79 / 84 / 88 (the default order 93 / 88 / 78, MASK_VEC 85 / 91 / 81):
+#   taken where there are two pieces or the tail is at most 512 elements, so not at 14336.
+# Additive masks and masked fp32 rows whose heads do not share the mask keep the block
+# (unmeasured); fp16 takes bf16's.
+PIECE_N = 4096
+PIECES_2BYTE_MAX_TAIL = 512
 # The masked fp32 forward in 16384-element blocks (rows of 8193-16384) at 16 warps and at most 64
 # registers a thread, so two programs share an SM (uncapped it took more than 64): H200, session
 # 10, 87% of the copy ceiling at 4096 x 12672 and 4096 x 16384 against 73% and 84% uncapped.
@@ -335,10 +343,13 @@ def _softmax_fwd_pieces(
     TAIL: tl.constexpr, MASK_DIMS: tl.constexpr = 7, POS_SCALE: tl.constexpr = False,
     HEADS_INNER: tl.constexpr = 0, MASK_VEC: tl.constexpr = 0,
 ):  # fmt: skip
-    # Experimental (session 17, kernel_configs.py --pieces): one row a program, held as PIECES
-    # (1-3) full pieces of PIECE elements, loaded without predicates, and a predicated tail of
-    # TAIL, so a padded row wastes at most a tail's padding (12672 = 3 x 4096 + 384 in 12800
-    # lanes, against 16384 for the single block) and most of its loads carry no predicate.
+    # One row a program, held as PIECES (1-3) full pieces of PIECE elements, loaded without
+    # predicates, and a predicated tail of TAIL, so a padded row wastes at most its tail's
+    # padding (12672 = 3 x 4096 + 384 in 12800 lanes, against the single block's 16384) and
+    # most of its loads carry no predicate (which is what makes ptxas hold loads back:
+    # HEADS_INNER_MIN_BLOCK_N's note). Where it runs and why: PIECE_N. HEADS_INNER and
+    # MASK_VEC as in _softmax_fwd_block. The pieces must lie within the row (PIECES * PIECE
+    # <= N).
     xf, mf = _x_factor(scale, POS_SCALE), _mask_factor(scale, POS_SCALE)
     c = _exp_factor(scale, POS_SCALE)
     pid = tl.program_id(0)
@@ -576,13 +587,37 @@ def long_row_loop(n_cols: int, masked: bool, itemsize: int) -> tuple[int, int] |
 
 def rows_loop(n_cols: int, masked: bool, itemsize: int) -> tuple[int, int, int] | None:
     """(warps, programs per SM, stages) of the persistent rows kernel where rows of `n_cols` take
-    it (ROWS_LOOP: rows held in a 32768-element block; ROWS_LOOP_PADDED: rows a 16384-element
-    block holds with padding), else None."""
-    if MAX_BLOCK_N // 4 < n_cols < MAX_BLOCK_N // 2:
-        return ROWS_LOOP_PADDED.get((masked, itemsize))
+    it (ROWS_LOOP: rows held in a 32768-element block), else None."""
     if not MAX_BLOCK_N // 2 < n_cols <= MAX_BLOCK_N:
         return None
     return ROWS_LOOP.get((masked, itemsize))
+
+
+def shared_by_heads(dims: int, heads: int) -> bool:
+    """Whether a mask (MASK_DIMS `dims`) is shared by several heads and differs by query."""
+    shared = dims & MASK_ALONG_Q and not dims & (MASK_ALONG_H | MASK_FLAT)
+    return bool(shared) and heads > 1
+
+
+def pieces_config(
+    n_cols: int, kind: int, itemsize: int, shared: bool
+) -> tuple[int, int, int, int, bool, bool] | None:
+    """(piece, pieces, tail, warps, heads innermost, MASK_VEC) of _softmax_fwd_pieces where rows of
+    `n_cols` (8193-16383, padded in a 16384-element block) take it by default, else None; `shared`:
+    the heads share a bool mask (shared_by_heads). The note at PIECE_N has the measurements."""
+    if not MAX_BLOCK_N // 4 < n_cols < MAX_BLOCK_N // 2:
+        return None
+    pieces, rest = divmod(n_cols, PIECE_N)
+    tail = next_power_of_2(rest)  # 1 where the pieces cover the row: an empty tail
+    if kind == MASK_NONE:
+        return (PIECE_N, pieces, tail, 16, False, False) if itemsize == 2 else None
+    if kind != MASK_BOOL:
+        return None
+    if itemsize == 4:
+        return (PIECE_N, pieces, tail, 4, True, True) if shared else None
+    if pieces == 2 or tail <= PIECES_2BYTE_MAX_TAIL:
+        return (PIECE_N, pieces, tail, 8, shared, False)
+    return None
 
 
 def _device(x: torch.Tensor) -> tuple[int, int]:
@@ -605,9 +640,8 @@ def heads_inner_order(
     fp32 in 8192- to 32768-element blocks (HEADS_INNER_MIN_BLOCK_N), 2-byte dtypes with a bool
     mask where a row fills a 16384-element block or in 32768-element blocks
     (HEADS_INNER_2BYTE_EVEN, HEADS_INNER_2BYTE_BLOCK)."""
-    shared = dims & MASK_ALONG_Q and not dims & (MASK_ALONG_H | MASK_FLAT)
     block_n = next_power_of_2(n_cols)
-    if not shared or heads <= 1 or not HEADS_INNER_MIN_BLOCK_N <= block_n <= MAX_BLOCK_N:
+    if not shared_by_heads(dims, heads) or not HEADS_INNER_MIN_BLOCK_N <= block_n <= MAX_BLOCK_N:
         return False
     if itemsize == 4:
         return True
@@ -697,6 +731,7 @@ def softmax_forward(
     heads_inner: bool | None = None,
     mask_vec: bool | None = None,
     even: bool | None = None,
+    pieces: tuple[int, int, int, int, bool, bool] | bool | None = None,
 ) -> torch.Tensor:
     """softmax(scale * x + mask) over the last dim of a contiguous `x`.
 
@@ -716,7 +751,10 @@ def softmax_forward(
     measured faster), which goes before ROWS_LOOP. `even` (no predicates; only where rows fill
     the block and the grid) and `mask_vec` (the mask at x's load width) choose the block's EVEN
     and MASK_VEC; None leaves them to even_block and, for MASK_VEC, to the heads-innermost
-    forward with EVEN and to wide_mask_vec (which also turns EVEN off).
+    forward with EVEN and to wide_mask_vec (which also turns EVEN off). `pieces` (piece,
+    pieces, tail, warps, heads innermost, MASK_VEC) sends rows to _softmax_fwd_pieces (tests,
+    benchmarks), False never; None leaves it to pieces_config (padded rows of 8193-16383), which
+    goes before everything else.
     """
     y, kind, common = forward_args(x, mask, scale)
     if x.numel() == 0:
@@ -728,6 +766,17 @@ def softmax_forward(
     masked, itemsize = kind != MASK_NONE, x.element_size()
     explicit = rows_config is not None
     h = common[5]
+    if pieces is None and not explicit and max_block_n == MAX_BLOCK_N:
+        pieces = pieces_config(n, kind, itemsize, shared_by_heads(dims, h))
+    if pieces:
+        piece, count, tail, warps, inner, vec = pieces
+        inner = inner if heads_inner is None else heads_inner
+        launchable(_softmax_fwd_pieces)[(m,)](
+            *common, MASK_KIND=kind, SAFE=safe, PIECE=piece, PIECES=count, TAIL=tail,
+            MASK_DIMS=dims, POS_SCALE=pos_scale, HEADS_INNER=h if inner and h > 1 else 0,
+            MASK_VEC=16 // itemsize if vec and masked else 0, num_warps=warps,
+        )  # fmt: skip
+        return y
     if heads_inner is None:
         heads_inner = not explicit and heads_inner_order(n, dims, itemsize, h, kind)
     heads = h if heads_inner and h > 1 and n <= max_block_n else 0
