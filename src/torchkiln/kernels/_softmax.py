@@ -73,15 +73,20 @@ ROWS_LOOP = {(False, 2): (16, 2, 3), (True, 4): (32, 1, 1)}
 # pieces_config): at 12672 three pieces and a 512-element tail, 12800 lanes against the block's
 # 16384. H200, session 17 (kernel_configs.py --pieces, session17/pieces/, 4096 rows, % of the
 # copy at 10240 / 12672 / 14336, one run, the pieces' arm against what ran before):
-# - bf16 without a mask, 16 warps: 92 / 97 / 90 against the rows kernel's 88 / 91 / 89 (the
+# - bf16 without a mask: 16 warps 92 / 97 / 90 against the rows kernel's 88 / 91 / 89 (the
 #   rows kernel, ROWS_LOOP_PADDED since session 14, went: sessions 14-16 measured it at
-#   87-91%, the block at 74-91%); 8 warps 96 / 95 / 88, 4 warps 86 / 96 / 95.
+#   87-91%, the block at 74-91%); 8 warps 96 / 95 / 88, 4 warps 86 / 96 / 95. A second run
+#   (session17/pieces2/, 10240 and 14336): 16 warps 93 / 89, 8 warps 96 / 87, 4 warps 87 / 95.
+#   So two pieces take 8 warps, three with a tail of 2048 or more 4, the rest 16 (12672: 97%,
+#   96-98% through the API in two tables).
 # - fp32 without a mask: 98 / 98 / 98 against the block's 98 / 98 / 98; the block stays.
 # - masked fp32 (bool), heads innermost with MASK_VEC at 4 warps where the heads share the mask:
 #   94 / 95 / 94 against the heads-innermost block's 86 / 92 / 92.
 # - masked bf16 (bool), 8 warps, heads innermost where the heads share the mask: 94 / 90 / 80
-#   against the block's 79 / 84 / 88 (the default order 93 / 88 / 78, MASK_VEC 85 / 91 / 81):
-#   taken where there are two pieces or the tail is at most 512 elements, so not at 14336.
+#   against the block's 79 / 84 / 88 (the default order 93 / 88 / 78, MASK_VEC 85 / 91 / 81;
+#   pieces2/ at 10240 / 14336: heads innermost 92 / 79, the default order 94 / 77, the block
+#   78 / 86): taken where there are two pieces or the tail is at most 512 elements, so not at
+#   14336.
 # Additive masks and masked fp32 rows whose heads do not share the mask keep the block
 # (unmeasured); fp16 takes bf16's.
 PIECE_N = 4096
@@ -610,7 +615,8 @@ def pieces_config(
     pieces, rest = divmod(n_cols, PIECE_N)
     tail = next_power_of_2(rest)  # 1 where the pieces cover the row: an empty tail
     if kind == MASK_NONE:
-        return (PIECE_N, pieces, tail, 16, False, False) if itemsize == 2 else None
+        warps = 8 if pieces == 2 else 4 if tail >= 2048 else 16
+        return (PIECE_N, pieces, tail, warps, False, False) if itemsize == 2 else None
     if kind != MASK_BOOL:
         return None
     if itemsize == 4:
