@@ -144,8 +144,8 @@ def bias_act_rows(cols: int) -> list[dict[str, Any]]:
 
 
 def softmax_rows(cols: int) -> list[dict[str, Any]]:
-    """The single-block forward (padded to a power of two), plain and masked: instructions per
-    element of the row, padding included in the cost."""
+    """The single-block forward (padded to a power of two), plain and masked, and the pieces
+    kernel where it runs: instructions per element of the row, padding included in the cost."""
     from torchkiln.kernels import _softmax as ks
 
     mask_args = {"H": "i32", "Q": "i32", "smb": "i32", "smh": "i32", "smq": "i32",
@@ -165,6 +165,16 @@ def softmax_rows(cols: int) -> list[dict[str, Any]]:
             ]  # fmt: skip
             # The bench's attention shape: [1, 8, 512, N] scores, a [1, 1, 512, N] bool mask.
             heads, q = 8, ROWS // 8
+            # Session 17: the pieces kernel where pieces_config takes these rows (the bench's
+            # mask is shared by the heads).
+            pieces = ks.pieces_config(cols, kind, itemsize, shared=True)
+            if pieces is not None:
+                piece, count_, tail, w, inner, vec = pieces
+                consts = {**common, "PIECE": piece, "PIECES": count_, "TAIL": tail,
+                          "HEADS_INNER": heads if inner else 0,
+                          "MASK_VEC": 16 // itemsize if vec and kind else 0}  # fmt: skip
+                name = f"pieces {count_}x{piece}+{tail} w{w}{' heads-inner' if inner else ''}"
+                variants.append((name, ks._softmax_fwd_pieces, consts, w, 1))
             ints = {"M": ROWS, "N": cols, "H": heads, "Q": q}
             if kind == ks.MASK_BOOL:
                 ints |= {"smb": q * cols, "smh": 0, "smq": cols, "smk": 1}
