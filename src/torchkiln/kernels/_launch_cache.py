@@ -66,10 +66,10 @@ def launch_cache_status() -> dict[str, str]:
 class Replay:
     """One recorded launch, replayed with new per-call arguments in `slots`."""
 
-    __slots__ = ("args", "kernel", "runner", "shapes", "slots")
+    __slots__ = ("args", "runner", "shapes", "slots")
 
-    def __init__(self, kernel: Any, runner: Any, args: list, slots: tuple[int, ...]):
-        self.kernel, self.runner, self.args, self.slots = kernel, runner, args, slots
+    def __init__(self, runner: Any, args: list, slots: tuple[int, ...]):
+        self.runner, self.args, self.slots = runner, args, slots
         # The recorded outputs' shapes, for an op whose outputs are not shaped like its inputs.
         self.shapes: tuple = ()
 
@@ -85,14 +85,12 @@ def _kernel_name(kernel: Any) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
-def build(launch: tuple, slots: tuple[int, ...]) -> Replay:
-    """A Replay of `launch` (kernel, grid, args, kwargs as recorded) whose arguments at `slots`
-    (positions in the kernel's parameters) are given per call; ValueError where a tensor
-    argument is not a slot (the cache would hold it and reuse it)."""
-    kernel, grid, args, kwargs = launch
-    params = kernel.params
+def bound(launch: tuple) -> list:
+    """The recorded launch's (kernel, grid, args, kwargs) argument for each of the kernel's
+    parameters, in their order, defaults filled in: how the compiled launcher takes them."""
+    kernel, _, args, kwargs = launch
     values = []
-    for i, p in enumerate(params):
+    for i, p in enumerate(kernel.params):
         if i < len(args):
             values.append(args[i])
         elif p.name in kwargs:
@@ -101,22 +99,23 @@ def build(launch: tuple, slots: tuple[int, ...]) -> Replay:
             values.append(p.default)
         else:
             raise ValueError(f"{p.name} was not given")
+    return values
+
+
+def build(launch: tuple, values: list, slots: tuple[int, ...]) -> Replay:
+    """A Replay of `launch` (its arguments `values`, from `bound`) whose arguments at `slots`
+    (positions in the kernel's parameters) are given per call; ValueError where a tensor
+    argument is not a slot (the cache would hold it and reuse it)."""
+    kernel, grid, args, kwargs = launch
     for i, v in enumerate(values):
         if isinstance(v, torch.Tensor) and i not in slots:
-            raise ValueError(f"tensor argument {params[i].name} is not per-call")
+            raise ValueError(f"tensor argument {kernel.params[i].name} is not per-call")
     compiled = kernel.warmup(*args, grid=grid, **kwargs)
     if compiled is None:
         raise ValueError("warmup returned no compiled kernel")
     runner = compiled[(*grid, 1, 1)[:3]]
     template = [None if i in slots else v for i, v in enumerate(values)]
-    return Replay(kernel, runner, template, slots)
-
-
-def recorded(launch: tuple, slots: tuple[int, ...]) -> list:
-    """The recorded launch's arguments at `slots`."""
-    _, _, args, kwargs = launch
-    names = [p.name for p in launch[0].params]
-    return [args[i] if i < len(args) else kwargs[names[i]] for i in slots]
+    return Replay(runner, template, slots)
 
 
 def _capturing() -> bool:
@@ -160,12 +159,13 @@ class LaunchCache:
         if _checked.get(name, "ok") != "ok":
             return None
         try:
-            values = recorded(launch, self.slots)
+            every = bound(launch)
+            values = [every[i] for i in self.slots]
             if len(outs) != len(self.outs) or any(
                 values[i] is not out for i, out in zip(self.outs, outs, strict=True)
             ):
                 raise ValueError("the launch's outputs are not the body's results")
-            replay = build(launch, self.slots)
+            replay = build(launch, every, self.slots)
             replay.shapes = tuple(out.shape for out in outs)
             if name not in _checked:
                 # The first replay of this kernel in the process: into fresh outputs,

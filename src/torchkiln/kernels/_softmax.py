@@ -181,6 +181,20 @@ def _mask_row_offset(row, H, Q, smb, smh, smq, DIMS: tl.constexpr):
 
 
 @triton.jit
+def _heads_inner_row(pid, Q, smb, smh, smq, HEADS: tl.constexpr):
+    # Program `pid`'s row when rows are taken heads innermost (HEADS_INNER: one row a program,
+    # so the programs in flight read each mask row for every head within a short time, while it
+    # is in L2), and its mask row's offset. HEADS is a constexpr: the division by it is a
+    # multiply; one division by Q a program, as the default order's.
+    bq = pid // HEADS  # batch * Q + query
+    head = pid - bq * HEADS
+    b = bq // Q
+    q = bq - b * Q
+    row = (b * HEADS + head) * Q + q
+    return row, b.to(tl.int64) * smb + head.to(tl.int64) * smh + q.to(tl.int64) * smq
+
+
+@triton.jit
 def _load_x(x_ptrs, inb, EVICT: tl.constexpr, NEG_INF_PAD: tl.constexpr = False):
     # EVICT: 0 the default policy, 1 keep in L2 (evict_last), 2 stream (evict_first).
     # NEG_INF_PAD: -inf where out of bounds (_scores), else 0.
@@ -303,17 +317,10 @@ def _softmax_fwd_block(
     else:
         m_cols = cols
     if HEADS_INNER > 0:
-        # heads_inner_order: one row a program (BLOCK_M == 1), taken with the heads innermost,
-        # so the programs in flight at once read each mask row for every head within a short
-        # time, while it is in L2. HEADS_INNER is H (a constexpr: the division by it is a
-        # multiply); one division by Q a program, as the default order's.
-        pid = tl.program_id(0)
-        bq = pid // HEADS_INNER  # batch * Q + query
-        head = pid - bq * HEADS_INNER
-        b = bq // Q
-        q = bq - b * Q
-        rows = ((b * HEADS_INNER + head) * Q + q) + tl.arange(0, BLOCK_M)
-        m_off = b.to(tl.int64) * smb + head.to(tl.int64) * smh + q.to(tl.int64) * smq
+        # heads_inner_order: one row a program (BLOCK_M == 1), heads innermost; HEADS_INNER
+        # is H.
+        row, m_off = _heads_inner_row(tl.program_id(0), Q, smb, smh, smq, HEADS_INNER)
+        rows = row + tl.arange(0, BLOCK_M)
         m_ptrs = (m_ptr + m_off + tl.zeros([BLOCK_M], tl.int64))[:, None]
     else:
         rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -359,12 +366,8 @@ def _softmax_fwd_pieces(
     c = _exp_factor(scale, POS_SCALE)
     pid = tl.program_id(0)
     if HEADS_INNER > 0:
-        bq = pid // HEADS_INNER
-        head = pid - bq * HEADS_INNER
-        b = bq // Q
-        q = bq - b * Q
-        row = ((b * HEADS_INNER + head) * Q + q).to(tl.int64)
-        m_off = b.to(tl.int64) * smb + head.to(tl.int64) * smh + q.to(tl.int64) * smq
+        row, m_off = _heads_inner_row(pid, Q, smb, smh, smq, HEADS_INNER)
+        row = row.to(tl.int64)
     else:
         row = pid + tl.full([], 0, tl.int64)
         m_off = _mask_row_offset(row, H, Q, smb, smh, smq, MASK_DIMS)
