@@ -1,0 +1,114 @@
+"""Where bias_act_scale's backward spends its fixed time (issue 6's ">= 1.3x torch.compile" cases).
+
+    PYTHONPATH=src python3 benchmarks/bias_act_bwd_probe.py --out DIR
+
+Session 18's table (kiln 3b24829) read the GELU backward's device time at 4096 rows x 2048 / 4096
+/ 8192 / 16384 / 32768: bf16 43 / 57 / 77 / 124 / 228 us, fp32 53 / 70 / 116 / 214 / 412: a line
+of ~4 TB/s plus 16-20 us at every size, more at the short rows. kiln's backward is three launches
+(the kernel writing dx and per-program partial bias sums, `torch.sum` over them, and for 2-byte
+dtypes a cast). This times each part alone with triton.testing.do_bench (median, L2 flushed),
+the whole call, the kernel under other program counts, and one candidate for the last two
+launches: a Triton column sum that casts as it stores (one launch instead of two). Results:
+DIR/bias_act_bwd_probe.json with the environment; a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+
+@triton.jit
+def _col_sum(p_ptr, out_ptr, G, N, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr):
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_G, BLOCK_N], tl.float32)
+    for g in range(0, G, BLOCK_G):
+        rows = g + tl.arange(0, BLOCK_G)
+        ok = (rows[:, None] < G) & (cols[None, :] < N)
+        acc += tl.load(p_ptr + rows[:, None].to(tl.int64) * N + cols[None, :], mask=ok, other=0.0)
+    tl.store(out_ptr + cols, tl.sum(acc, 0).to(out_ptr.dtype.element_ty), mask=cols < N)
+
+
+def col_sum(partial: torch.Tensor, dtype: torch.dtype, block_g: int, block_n: int) -> torch.Tensor:
+    g, n = partial.shape
+    out = torch.empty(n, dtype=dtype, device=partial.device)
+    _col_sum[(triton.cdiv(n, block_n),)](partial, out, g, n, BLOCK_G=block_g, BLOCK_N=block_n)
+    return out
+
+
+def measure(name: str, dtype: torch.dtype, cols: int, sms: int) -> dict:
+    """One dtype and row length: each part's do_bench median in us."""
+    from torchkiln.kernels._bias_act import backward_launch, bias_act_backward
+    from torchkiln.kernels._launch import direct_launches
+
+    bench = triton.testing.do_bench
+    gen = torch.Generator(device="cuda").manual_seed(cols)
+    x, dy = (torch.randn(4096, cols, generator=gen, device="cuda").to(dtype) for _ in "ab")
+    bias = torch.randn(cols, generator=gen, device="cuda").to(dtype)
+    with direct_launches():
+        _, db_ref = bias_act_backward(x, bias, dy, "gelu", 0.5)
+        _, partial = backward_launch(x, bias, dy, "gelu", 0.5)
+    row: dict = {"dtype": name, "cols": cols, "partial_rows": partial.shape[0], "us": {}}
+
+    def timed(label: str, fn) -> None:
+        row["us"][label] = bench(fn) * 1e3
+
+    dst = torch.empty_like(x)
+    timed("copy x", lambda: dst.copy_(x))
+    with direct_launches():
+        timed("whole call", lambda: bias_act_backward(x, bias, dy, "gelu", 0.5))
+        timed("kernel", lambda: backward_launch(x, bias, dy, "gelu", 0.5))
+        for target in (2 * sms, 4 * sms, 2048):
+            timed(
+                f"kernel, {target} programs target",
+                lambda t=target: backward_launch(x, bias, dy, "gelu", 0.5, target_programs=t),
+            )
+    timed("torch.sum", lambda: partial.sum(0))
+    s = partial.sum(0)
+    if dtype != torch.float32:
+        timed("cast", lambda: s.to(dtype))
+    timed("torch.sum + cast", lambda: partial.sum(0).to(dtype))
+    for bg, bn in ((64, 32), (32, 64), (16, 128), (128, 16)):
+        got = col_sum(partial, dtype, bg, bn).float()
+        row[f"col_sum {bg}x{bn} max_error"] = (
+            (got - db_ref.float()).abs().max() / db_ref.float().abs().max()
+        ).item()
+        timed(f"col_sum {bg}x{bn}", lambda bg=bg, bn=bn: col_sum(partial, dtype, bg, bn))
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--cols", type=int, nargs="*", default=[2048, 4096, 8192, 32768])
+    args = p.parse_args()
+    from torchkiln.measure.environment import collect
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows: list[dict] = []
+    t0 = time.time()
+    for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        for cols in args.cols:
+            row = measure(name, dtype, cols, sms)
+            rows.append(row)
+            line = ", ".join(f"{k} {v:.1f}" for k, v in row["us"].items())
+            print(f"[{time.time() - t0:5.1f}s] {name} 4096x{cols} ({row['partial_rows']} partial "
+                  f"rows): {line}", flush=True)  # fmt: skip
+            out = {"schema": "kiln.bias_act_bwd_probe/1", "environment": collect("cuda"),
+                   "results": rows}  # fmt: skip
+            (args.out / "bias_act_bwd_probe.json").write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
