@@ -215,6 +215,17 @@ def test_bias_act_kernels_compile_without_spills(code):
     assert _ptxas_spills(compiled) == 0
 
 
+@pytest.mark.parametrize("out", ["bf16", "fp32"])
+def test_the_bias_gradient_sum_compiles_without_spills(out):
+    # The backward's second launch: the partial sums' columns summed in SUM_BLOCK_G x SUM_BLOCK_N
+    # tiles (16 fp32 values a thread at the default 4 warps) and stored in the bias's dtype.
+    sig = {"p_ptr": "*fp32", "db_ptr": f"*{out}", "G": "i32", "N": "i32"}
+    consts = {"BLOCK_G": _bias_act.SUM_BLOCK_G, "BLOCK_N": _bias_act.SUM_BLOCK_N}
+    compiled = _compile(_bias_act._bias_grad_sum, sig, consts, 4, aligned=("p_ptr", "db_ptr"))
+    assert _ptxas_spills(compiled) == 0
+    assert "atom" not in compiled.asm["ptx"]  # a fixed summation order: no atomics
+
+
 @pytest.mark.parametrize("mask_kind", [1, 2])
 def test_the_capped_masked_fp32_block_spills_at_most_a_word(mask_kind):
     # forward_maxnreg's cap: uncapped the 16-warp block takes 118-124 registers (one program an

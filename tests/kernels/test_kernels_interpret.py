@@ -354,3 +354,15 @@ def test_bias_act_backward_programs_loop_over_row_blocks(interpreted, prefetch):
     dz_atol = GELU_ATOL * 1.5 * dy.abs().max().item()
     assert_close(dx, dx_ref, torch.float32, "dx", dz_atol)
     assert_close(db, db_ref, torch.float32, "dbias", sum_atol(dx_ref, 37) + 37 * dz_atol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_bias_gradient_sums_every_partial_row_and_column(interpreted, dtype):
+    # The backward's partial sums [groups, N] summed down each column: 300 rows (two full
+    # SUM_BLOCK_G tiles and a partial one) by 37 columns (two SUM_BLOCK_N tiles, the second
+    # partial), stored in the bias's dtype: against the fp64 sums, within a 300-term fp32
+    # summation's rounding and, for bf16, one rounding of the result.
+    partial = _randn((300, 37), torch.float32, seed=7)
+    db = interpreted("_bias_act", "bias_grad", partial, dtype)
+    assert db.dtype == dtype and db.shape == (37,)
+    assert_close(db, partial.double().sum(0), dtype, "column sums", sum_atol(partial, 300))

@@ -277,7 +277,8 @@ def _gpu_cases(dtype):
 def test_replayed_gpu_calls_match_the_jit_launch_bit_for_bit(monkeypatch, dtype):
     from torchkiln.kernels import _bias_act, _softmax
 
-    caches = (_softmax._FORWARD_CACHE, _bias_act._FORWARD_CACHE, _bias_act._BACKWARD_CACHE)
+    caches = (_softmax._FORWARD_CACHE, _bias_act._FORWARD_CACHE, _bias_act._BACKWARD_CACHE,
+              _bias_act._BIAS_GRAD_CACHE)  # fmt: skip
     for cache in caches:
         monkeypatch.setattr(cache, "entries", {})
     for name, call in _gpu_cases(dtype):
@@ -290,7 +291,8 @@ def test_replayed_gpu_calls_match_the_jit_launch_bit_for_bit(monkeypatch, dtype)
             assert all(torch.equal(g, w) for g, w in zip(got, ref, strict=True)), name
     assert set(_launch_cache.status().values()) == {"ok"}, _launch_cache.status()
     replays = [r for cache in caches for r in cache.entries.values()]
-    assert len(replays) == 10 and all(r is not None for r in replays)
+    # Ten op bodies, the bias_act backward's two launches cached apart.
+    assert len(replays) == 11 and all(r is not None for r in replays)
 
 
 @pytest.mark.gpu
@@ -330,10 +332,12 @@ def test_replays_run_in_cuda_graphs_and_in_eager_training(monkeypatch):
         want = softmax_backward_ref(y.detach(), dy, 1.0)
         assert_close(x.grad, want, torch.float32, "eager backward")
     assert [r is not None for r in _softmax._BACKWARD_CACHE.entries.values()] == [True]
-    # bias_act_scale's backward (a replayed launch, then the partial sums' torch.sum).
+    # bias_act_scale's backward (a replayed launch, then the partial sums' column sum, also
+    # replayed).
     from torchkiln.kernels import _bias_act
 
     monkeypatch.setattr(_bias_act._BACKWARD_CACHE, "entries", {})
+    monkeypatch.setattr(_bias_act._BIAS_GRAD_CACHE, "entries", {})
     bias = torch.randn(1000, device="cuda")
     for _ in range(3):
         x, b = static.clone().requires_grad_(), bias.clone().requires_grad_()
@@ -345,3 +349,4 @@ def test_replays_run_in_cuda_graphs_and_in_eager_training(monkeypatch):
         db_atol = sum_atol(dx, 128) + 128 * dz_atol
         assert_close(b.grad, db, torch.float32, "bias_act dbias", atol=db_atol)
     assert [r is not None for r in _bias_act._BACKWARD_CACHE.entries.values()] == [True]
+    assert [r is not None for r in _bias_act._BIAS_GRAD_CACHE.entries.values()] == [True]

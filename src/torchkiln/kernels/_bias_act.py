@@ -41,6 +41,14 @@ BWD_PREFETCH, BWD_MAXNREG = True, 64
 # About 8 programs per SM of a 132-SM H200: enough to fill the GPU while keeping the partial
 # bias sums (programs_over_rows x N fp32) negligible next to the tensors themselves.
 TARGET_PROGRAMS = 1024
+# The bias gradient: the backward's fp32 partial sums (a row per program group) summed down each
+# column by _bias_grad_sum in tiles of SUM_BLOCK_G rows x SUM_BLOCK_N columns and stored in the
+# bias's dtype: one launch where torch.sum and a cast were two. H200, session 18
+# (benchmarks/bias_act_bwd_probe.py, do_bench us, the partials of 4096 rows x 2048 / 4096 / 8192 /
+# 32768, 512 / 256 / 128 / 32 partial rows): torch.sum 22.7 / 14.9 / 10.3 / 10.0, and a bf16
+# cast 4.2 more; this kernel 9.9 / 7.6 / 7.4 / 7.3 (bf16 out; fp32 9.4 / 8.1 / 6.8 / 7.3).
+# 64 x 32 tiles 13.3 / 9.1 / 8.0 / 6.7, 32 x 64 and 16 x 128 slower (fewer programs).
+SUM_BLOCK_G, SUM_BLOCK_N = 128, 16
 
 
 @triton.jit
@@ -216,6 +224,30 @@ def _bias_act_bwd(
     tl.store(db_partial_ptr + pid_m.to(tl.int64) * N + cols, tl.sum(acc, axis=0), mask=col_ok)
 
 
+@triton.jit
+def _bias_grad_sum(p_ptr, db_ptr, G, N, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr):
+    # Column sums of the [G, N] fp32 partials, in a fixed order: the same bias gradient for the
+    # same inputs on every run (no atomics).
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    acc = tl.zeros([BLOCK_G, BLOCK_N], tl.float32)
+    for g in range(0, G, BLOCK_G):
+        rows = g + tl.arange(0, BLOCK_G)
+        ok = (rows[:, None] < G) & col_ok[None, :]
+        acc += tl.load(p_ptr + rows[:, None].to(tl.int64) * N + cols[None, :], mask=ok, other=0.0)
+    tl.store(db_ptr + cols, tl.sum(acc, axis=0).to(db_ptr.dtype.element_ty), mask=col_ok)
+
+
+def bias_grad(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The bias gradient in `dtype` from backward_launch's fp32 partial sums [groups, N]."""
+    g, n = partial.shape
+    db = torch.empty(n, dtype=dtype, device=partial.device)
+    launchable(_bias_grad_sum)[(cdiv(n, SUM_BLOCK_N),)](
+        partial, db, g, n, BLOCK_G=SUM_BLOCK_G, BLOCK_N=SUM_BLOCK_N
+    )
+    return db
+
+
 def tile_config(n_cols: int, tile: int) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps) for rows of `n_cols`: 16 elements per thread forward,
     8 backward (at most 8 warps)."""
@@ -281,15 +313,17 @@ def eager_forward(x: torch.Tensor, bias: torch.Tensor, act: str, scale: float) -
     return y
 
 
-# The backward kernel takes (x, bias, dy, dx, partial bias sums, M, N, rows a program, scale, ...).
+# The backward kernel takes (x, bias, dy, dx, partial bias sums, M, N, rows a program, scale, ...);
+# the bias gradient's (partial sums, bias gradient, G, N, ...).
 _BACKWARD_CACHE = _launch_cache.LaunchCache(slots=(0, 1, 2, 3, 4, 8), outs=(3, 4))
+_BIAS_GRAD_CACHE = _launch_cache.LaunchCache(slots=(0, 1), outs=1)
 
 
 def eager_backward(
     x: torch.Tensor, bias: torch.Tensor, dy: torch.Tensor, act: str, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """bias_act_backward, its kernel launch through the launch cache where the call is a direct
-    eager one (eager_forward's key, with dy's alignment); the partial sums' shape is the
+    """bias_act_backward, its two launches through the launch cache where the call is a
+    direct eager one (eager_forward's key, with dy's alignment); the partial sums' shape is the
     recorded one."""
     if not _launch_cache.active() or x.numel() == 0:
         return bias_act_backward(x, bias, dy, act, scale)
@@ -302,7 +336,14 @@ def eager_backward(
         dx = torch.empty_like(x)
         partial = torch.empty(replay.shapes[1], dtype=torch.float32, device=x.device)
         replay((x, bias, dy, dx, partial, float(scale)))
-    return dx, partial.sum(0).to(bias.dtype)
+    # The partials are ours, fresh from the caching allocator: aligned, contiguous.
+    sum_key = (partial.shape, bias.dtype, x.device)
+    sum_replay = _BIAS_GRAD_CACHE.entries.get(sum_key)
+    if sum_replay is None:
+        return dx, _BIAS_GRAD_CACHE.record(sum_key, lambda: bias_grad(partial, bias.dtype))
+    db = torch.empty(partial.shape[1], dtype=bias.dtype, device=x.device)
+    sum_replay((partial, db))
+    return dx, db
 
 
 def bias_act_backward(
@@ -313,7 +354,7 @@ def bias_act_backward(
     if x.numel() == 0:
         return torch.empty_like(x), torch.zeros_like(bias)
     dx, partial = backward_launch(x, bias, dy, act, scale, **choices)
-    return dx, partial.sum(0).to(bias.dtype)
+    return dx, bias_grad(partial, bias.dtype)
 
 
 def backward_launch(
