@@ -4,11 +4,13 @@
 
 Session 18's table (kiln 3b24829) read the GELU backward's device time at 4096 rows x 2048 / 4096
 / 8192 / 16384 / 32768: bf16 43 / 57 / 77 / 124 / 228 us, fp32 53 / 70 / 116 / 214 / 412: a line
-of ~4 TB/s plus 16-20 us at every size, more at the short rows. kiln's backward is three launches
-(the kernel writing dx and per-program partial bias sums, `torch.sum` over them, and for 2-byte
-dtypes a cast). This times each part alone with triton.testing.do_bench (median, L2 flushed),
-the whole call, the kernel under other program counts, and one candidate for the last two
-launches: a Triton column sum that casts as it stores (one launch instead of two). Results:
+of ~4 TB/s plus 16-20 us at every size, more at the short rows. kiln's backward was then three
+launches (the kernel writing dx and per-program partial bias sums, `torch.sum` over them, and for
+2-byte dtypes a cast); since 7cc807a it is two, the second this probe's candidate below
+(`_bias_act.bias_grad`). This times each part alone with triton.testing.do_bench (median, L2
+flushed), the whole call, the kernel and the call under other program counts (`--repeat`
+measures every case again after all the others), and one candidate for the last two launches:
+a Triton column sum that casts as it stores (one launch instead of two). Results:
 DIR/bias_act_bwd_probe.json with the environment; a table last.
 """
 
@@ -73,6 +75,10 @@ def measure(name: str, dtype: torch.dtype, cols: int, sms: int) -> dict:
                 f"kernel, {target} programs target",
                 lambda t=target: backward_launch(x, bias, dy, "gelu", 0.5, target_programs=t),
             )
+            timed(
+                f"whole call, {target} programs target",
+                lambda t=target: bias_act_backward(x, bias, dy, "gelu", 0.5, target_programs=t),
+            )
     timed("torch.sum", lambda: partial.sum(0))
     s = partial.sum(0)
     if dtype != torch.float32:
@@ -91,6 +97,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--cols", type=int, nargs="*", default=[2048, 4096, 8192, 32768])
+    p.add_argument("--repeat", type=int, default=1, help="measure every case this many times")
     args = p.parse_args()
     from torchkiln.measure.environment import collect
 
@@ -98,9 +105,11 @@ def main() -> None:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows: list[dict] = []
     t0 = time.time()
-    for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
-        for cols in args.cols:
-            row = measure(name, dtype, cols, sms)
+    cases = [(n, d, c) for n, d in (("bf16", torch.bfloat16), ("fp32", torch.float32))
+             for c in args.cols]  # fmt: skip
+    for rep in range(args.repeat):
+        for name, dtype, cols in cases:
+            row = measure(name, dtype, cols, sms) | {"repeat": rep}
             rows.append(row)
             line = ", ".join(f"{k} {v:.1f}" for k, v in row["us"].items())
             print(f"[{time.time() - t0:5.1f}s] {name} 4096x{cols} ({row['partial_rows']} partial "
