@@ -215,6 +215,33 @@ def test_bias_act_kernels_compile_without_spills(code):
     assert _ptxas_spills(compiled) == 0
 
 
+def test_the_bias_act_backward_grid_is_one_wave_of_four_programs_an_sm(monkeypatch):
+    # backward_launch's default grid on an H200 (132 SMs; fake CUDA tensors on this host take
+    # device_info's 132): 4 x 132 = 528 programs aimed at over 4 column blocks of 1024 gives 132
+    # groups of rows, 32 rows each after rounding to the 2-row tile, so 128 groups: a 128 x 4
+    # grid and 128 rows of partial sums; then the column sum, one program per 16 columns.
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    grids = []
+
+    class Recorder:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: grids.append((self.kernel, grid))
+
+    monkeypatch.setattr(_bias_act, "launchable", Recorder)
+    monkeypatch.setattr(_bias_act, "device_info", lambda x: (132, 9))
+    with FakeTensorMode():
+        x = torch.empty(4096, 4096, device="cuda", dtype=torch.bfloat16)
+        b = torch.empty(4096, device="cuda", dtype=torch.bfloat16)
+        dx, db = _bias_act.bias_act_backward(x, b, x, "gelu", 0.5)
+    assert grids == [(_bias_act._bias_act_bwd, (128, 4)), (_bias_act._bias_grad_sum, (256,))]
+    assert (dx.shape, db.shape, db.dtype) == (x.shape, b.shape, torch.bfloat16)
+
+
 @pytest.mark.parametrize("out", ["bf16", "fp32"])
 def test_the_bias_gradient_sum_compiles_without_spills(out):
     # The backward's second launch: the partial sums' columns summed in SUM_BLOCK_G x SUM_BLOCK_N

@@ -35,7 +35,7 @@ def assert_close(got, ref, dtype, what, atol=0.0):
 # chunks of 128, with a partial last chunk.
 LOOPED = 128
 # The persistent rows kernel at any row length: on the CPU its grid is two programs a "SM" over
-# two, so every program takes several rows in turn (_softmax._device), pipelined in 2 stages.
+# two, so every program takes several rows in turn (_launch.device_info), pipelined in 2 stages.
 ROWS = {"rows_config": (4, 1, 2)}
 # The single-block forward taking one row a program, heads innermost (experimental: HEADS_INNER).
 HEADS = {"heads_inner": True}

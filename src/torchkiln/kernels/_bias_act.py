@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from torchkiln.kernels import _launch_cache
-from torchkiln.kernels._launch import cdiv, launchable, next_power_of_2
+from torchkiln.kernels._launch import cdiv, device_info, launchable, next_power_of_2
 
 ACT_CODES = {"relu": 0, "gelu": 1}
 # GELU through the erfc polynomial (_gelu_poly) instead of tl.erf, for 2-byte dtypes: on the H200
@@ -38,9 +38,15 @@ FWD_TILE, BWD_TILE, MAX_BLOCK_M, MAX_BLOCK_N = 4096, 2048, 8, 1024
 # ceiling at 4096 x 4096 / 4096 x 12672: bf16 50 / 63% -> 54 / 76%, fp32 73 / 79% -> 78 / 89%.
 # The cap is ptxas's .maxnreg: NVIDIA only.
 BWD_PREFETCH, BWD_MAXNREG = True, 64
-# About 8 programs per SM of a 132-SM H200: enough to fill the GPU while keeping the partial
-# bias sums (programs_over_rows x N fp32) negligible next to the tensors themselves.
-TARGET_PROGRAMS = 1024
+# Programs per SM: the backward's grid is one wave of the programs its register cap lets share an
+# SM (4 of 8 warps at 64 registers), each looping over more rows, with fewer partial sums. H200,
+# session 18 (benchmarks/bias_act_bwd_probe.py --repeat 2, whole-call do_bench us at 4096 rows x
+# 2048 / 4096 / 8192 / 16384 / 32768, the same in both repeats within 0.7%), 4 an SM against the
+# earlier 1024 programs in all (~8 an SM): bf16 28.3 / 40.4 / 65.8 / 117.8 / 219.5 against 34.1 /
+# 48.2 / 71.2 / 120.9 / 223.2; fp32 36.4 / 62.1 / 111.1 / 213.3 / 407.2 against 41.0 / 63.6 /
+# 112.6 / 212.8 / 408.3; 2 an SM lost (bf16 4096 46.5, 32768 275), 2048 programs lost everywhere.
+# (Session 10 had read 512 programs 5% behind 1024 at bf16 4096, through torch.sum.)
+PROGRAMS_PER_SM = 4
 # The bias gradient: the backward's fp32 partial sums (a row per program group) summed down each
 # column by _bias_grad_sum in tiles of SUM_BLOCK_G rows x SUM_BLOCK_N columns and stored in the
 # bias's dtype: one launch where torch.sum and a cast were two. H200, session 18
@@ -363,7 +369,7 @@ def backward_launch(
     dy: torch.Tensor,
     act: str,
     scale: float,
-    target_programs: int = TARGET_PROGRAMS,
+    target_programs: int | None = None,
     code: int | None = None,
     prefetch: bool = BWD_PREFETCH,
     tile: tuple[int, int, int] | None = None,
@@ -372,7 +378,9 @@ def backward_launch(
     """bias_act_backward's kernel launch on a non-empty `x`: (dx, the fp32 partial bias sums, a
     row a program group, which bias_act_backward sums).
 
-    `target_programs` lets tests make each program loop over several row blocks; `code` forces
+    `target_programs` (None: PROGRAMS_PER_SM an SM) is how many programs the grid aims at, rows
+    split into groups over the column blocks; tests make each program loop over several row
+    blocks with a small one. `code` forces
     the kernel's ACT, as in bias_act_forward. `prefetch` (the next row block's loads issued
     before this one's arithmetic), `tile` ((BLOCK_M, BLOCK_N, num_warps) instead of
     tile_config's) and `maxnreg` (ptxas's register cap, None for none) are the launch choices
@@ -384,6 +392,8 @@ def backward_launch(
     block_m, block_n, num_warps = tile_config(n, BWD_TILE) if tile is None else tile
     col_blocks = cdiv(n, block_n)
     row_blocks = cdiv(m, block_m)
+    if target_programs is None:
+        target_programs = PROGRAMS_PER_SM * device_info(x)[0]
     groups = min(row_blocks, max(1, target_programs // col_blocks))
     rows_per_prog = cdiv(row_blocks, groups) * block_m
     groups = cdiv(m, rows_per_prog)

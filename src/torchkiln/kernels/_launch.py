@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any
 
@@ -81,3 +82,19 @@ def cdiv(a: int, b: int) -> int:
 def next_power_of_2(n: int) -> int:
     """Smallest power of two >= n (>= 1); a block dimension must be a power of two in Triton."""
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def device_info(x: torch.Tensor) -> tuple[int, int]:
+    """(SMs, compute capability major) of x's GPU; on the CPU (Triton's interpreter, in tests)
+    two programs' worth of SMs and Hopper's major, so the tests take the H200's paths. A CUDA
+    tensor traced where no GPU is visible (fake tensors on a CPU-only host) gets an H200's 132
+    SMs: the grid it sizes is a speed choice, and any size launches correctly."""
+    if not x.is_cuda:
+        return (2, 9)
+    return _cuda_device(x.device) if torch.cuda.is_available() else (132, 9)
+
+
+@functools.cache
+def _cuda_device(device: torch.device) -> tuple[int, int]:
+    props = torch.cuda.get_device_properties(device)
+    return props.multi_processor_count, props.major

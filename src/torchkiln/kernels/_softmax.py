@@ -9,14 +9,12 @@ Everything is computed in fp32 and rounded once, on store, to the input dtype.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from torchkiln.kernels import _launch_cache
-from torchkiln.kernels._launch import cdiv, launchable, next_power_of_2
+from torchkiln.kernels._launch import cdiv, device_info, launchable, next_power_of_2
 
 # A row up to this many elements can be held in registers by one program: one read, one write.
 # Longer rows take the looped online-softmax kernel, which reads the row twice (with the L2 hints
@@ -629,18 +627,6 @@ def pieces_config(
     return None
 
 
-def _device(x: torch.Tensor) -> tuple[int, int]:
-    """(SMs, compute capability major) of x's GPU; on the CPU (Triton's interpreter, in tests)
-    two programs' worth of SMs and Hopper's major, so the tests take the H200's paths."""
-    return _cuda_device(x.device) if x.is_cuda else (2, 9)
-
-
-@functools.cache
-def _cuda_device(device: torch.device) -> tuple[int, int]:
-    props = torch.cuda.get_device_properties(device)
-    return props.multi_processor_count, props.major
-
-
 def heads_inner_order(
     n_cols: int, dims: int, itemsize: int, heads: int, kind: int = MASK_BOOL
 ) -> bool:
@@ -792,7 +778,7 @@ def softmax_forward(
     if not explicit and not heads and max_block_n == MAX_BLOCK_N:
         rows_config = rows_loop(n, masked, itemsize)
     if rows_config is not None:
-        sms, major = _device(x)
+        sms, major = device_info(x)
         # ROWS_LOOP was measured on an H200 only, and its 3-stage pipeline takes 128 KB of shared
         # memory a program, more than sm_86 / sm_89 GPUs have (100 KB): before Hopper the
         # earlier kernels stay.
