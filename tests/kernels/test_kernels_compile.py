@@ -397,12 +397,12 @@ def test_block_configs_hold_16_values_per_thread():
     assert loop(65536, False, 4) == (16384, 32) and loop(16384, False, 4) is None
     assert loop(32768, masked=True, itemsize=4) is None and loop(65536, True, 2) is None
     # Rows of 16385-32768 take the persistent rows kernel where the H200 measured it faster
-    # (session 12): bf16 / fp16 without a mask (89% of the copy against the loop's 80%), fp32
-    # masked (83% against the block's 77%); fp32 without a mask keeps the chunk loop (97%), and
-    # the 2-byte masked forward the block with its mask at x's width (session 16: 74% against
-    # the rows kernel's 70% in five runs).
+    # (session 12): bf16 / fp16 without a mask (89% of the copy against the loop's 80%; one
+    # 32-warp program an SM since session 18), fp32 masked (83% against the block's 77%); fp32
+    # without a mask keeps the chunk loop (97%), and the 2-byte masked forward the block with
+    # its mask at x's width (session 16: 74% against the rows kernel's 70% in five runs).
     rows = _softmax.rows_loop
-    assert rows(32768, masked=False, itemsize=2) == rows(16385, False, 2) == (16, 2, 3)
+    assert rows(32768, masked=False, itemsize=2) == rows(16385, False, 2) == (32, 1, 3)
     assert rows(32768, masked=True, itemsize=4) == rows(20000, True, 4) == (32, 1, 1)
     assert rows(32768, True, 2) is None and rows(20000, True, 2) is None
     assert rows(32768, False, 4) is None and rows(16384, True, 2) is None

@@ -61,11 +61,16 @@ LONG_ROW_LOOP = {4: (16384, 32), 2: (8192, 16)}
 # without a mask keeps the chunk-statistics loop (97%; rows 92%). fp16 takes bf16's (unmeasured).
 # "Programs per SM" is the grid's size, not a residency: a 3-stage 32768-element bf16 program
 # takes 128 KB of shared memory (sm_90, test_kernels_compile.py), so of (16, 2, 3)'s two only
-# one is resident on an SM at a time, and the grid's second half starts as the first ends.
+# one was resident on an SM at a time, the grid's second half starting as the first ended.
+# Since session 18 the bf16 softmax takes one 32-warp program an SM over all its rows (32, 1, 3):
+# session 12 had it 2-3 points behind (86-87% against 89%, before session 13's base-2 kernels),
+# session 14 level (89-90% both, four runs), session 18 ahead in both of two runs at 32768
+# (kernel_configs.py --even-rows, session18/rows/: 3725 / 3727 GB/s against 3642 / 3633, 89.7
+# against 87.6% of the copy; 4 stages 3722, (16, 1, 3) 3628).
 # A masked fp32 forward whose heads share the mask takes the block heads innermost instead
 # (heads_inner_order, EVEN: 93% against 81%, session 15), and the masked 2-byte one the block
 # with its mask at x's width (wide_mask_vec: 74% against 70%, session 16).
-ROWS_LOOP = {(False, 2): (16, 2, 3), (True, 4): (32, 1, 1)}
+ROWS_LOOP = {(False, 2): (32, 1, 3), (True, 4): (32, 1, 1)}
 # Rows of 8193-16383 elements, whose 16384-element block is padded, held as full pieces of
 # PIECE_N elements loaded without predicates and a predicated tail (_softmax_fwd_pieces,
 # pieces_config): at 12672 three pieces and a 512-element tail, 12800 lanes against the block's
