@@ -129,7 +129,9 @@ TOL = {"fp32": 1e-4, "bf16": 3e-2}
 # (4 programs an SM, ptxas sm_90). Session 10 (benchmarks/results/kernels-h200/session10/
 # configs/): PREFETCH (the next block's loads issued first) under a 64-register cap won all four
 # cases (bf16 4096 / 12672: 50 / 63% -> 54 / 76%; fp32 73 / 79% -> 78 / 89%) and became the
-# default; 16 warps lost, 2048 programs lost, 512 won three of four. (name, keywords).
+# default; 16 warps lost, 2048 programs lost, 512 won three of four. Since session 18 the
+# default grid is 4 programs an SM (528 on the H200; _bias_act.PROGRAMS_PER_SM, measured by
+# benchmarks/bias_act_bwd_probe.py), so "(default)" below is that one. (name, keywords).
 PLAIN_LOOP = {"prefetch": False, "maxnreg": None}
 BIAS_BWD_ARMS = (
     ("2x1024/w8", PLAIN_LOOP),
