@@ -10,7 +10,8 @@ launches (the kernel writing dx and per-program partial bias sums, `torch.sum` o
 (`_bias_act.bias_grad`). This times each part alone with triton.testing.do_bench (median, L2
 flushed), the whole call, the kernel and the call under other program counts (`--repeat`
 measures every case again after all the others), and one candidate for the last two launches:
-a Triton column sum that casts as it stores (one launch instead of two). Results:
+a Triton column sum that casts as it stores (one launch instead of two; kiln's
+`_bias_act.bias_grad` since, which this times at several tiles). Results:
 DIR/bias_act_bwd_probe.json with the environment; a table last.
 """
 
@@ -27,30 +28,11 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-
-@triton.jit
-def _col_sum(p_ptr, out_ptr, G, N, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr):
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = tl.zeros([BLOCK_G, BLOCK_N], tl.float32)
-    for g in range(0, G, BLOCK_G):
-        rows = g + tl.arange(0, BLOCK_G)
-        ok = (rows[:, None] < G) & (cols[None, :] < N)
-        acc += tl.load(p_ptr + rows[:, None].to(tl.int64) * N + cols[None, :], mask=ok, other=0.0)
-    tl.store(out_ptr + cols, tl.sum(acc, 0).to(out_ptr.dtype.element_ty), mask=cols < N)
-
-
-def col_sum(partial: torch.Tensor, dtype: torch.dtype, block_g: int, block_n: int) -> torch.Tensor:
-    g, n = partial.shape
-    out = torch.empty(n, dtype=dtype, device=partial.device)
-    _col_sum[(triton.cdiv(n, block_n),)](partial, out, g, n, BLOCK_G=block_g, BLOCK_N=block_n)
-    return out
 
 
 def measure(name: str, dtype: torch.dtype, cols: int, sms: int) -> dict:
     """One dtype and row length: each part's do_bench median in us."""
-    from torchkiln.kernels._bias_act import backward_launch, bias_act_backward
+    from torchkiln.kernels._bias_act import backward_launch, bias_act_backward, bias_grad
     from torchkiln.kernels._launch import direct_launches
 
     bench = triton.testing.do_bench
@@ -84,12 +66,17 @@ def measure(name: str, dtype: torch.dtype, cols: int, sms: int) -> dict:
     if dtype != torch.float32:
         timed("cast", lambda: s.to(dtype))
     timed("torch.sum + cast", lambda: partial.sum(0).to(dtype))
+
+    def col_sum(bg: int, bn: int) -> torch.Tensor:
+        with direct_launches():
+            return bias_grad(partial, dtype, (bg, bn))
+
     for bg, bn in ((64, 32), (32, 64), (16, 128), (128, 16)):
-        got = col_sum(partial, dtype, bg, bn).float()
+        got = col_sum(bg, bn).float()
         row[f"col_sum {bg}x{bn} max_error"] = (
             (got - db_ref.float()).abs().max() / db_ref.float().abs().max()
         ).item()
-        timed(f"col_sum {bg}x{bn}", lambda bg=bg, bn=bn: col_sum(partial, dtype, bg, bn))
+        timed(f"col_sum {bg}x{bn}", lambda bg=bg, bn=bn: col_sum(bg, bn))
     return row
 
 

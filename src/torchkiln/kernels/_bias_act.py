@@ -244,12 +244,17 @@ def _bias_grad_sum(p_ptr, db_ptr, G, N, BLOCK_G: tl.constexpr, BLOCK_N: tl.const
     tl.store(db_ptr + cols, tl.sum(acc, axis=0).to(db_ptr.dtype.element_ty), mask=col_ok)
 
 
-def bias_grad(partial: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The bias gradient in `dtype` from backward_launch's fp32 partial sums [groups, N]."""
+def bias_grad(
+    partial: torch.Tensor, dtype: torch.dtype, blocks: tuple[int, int] | None = None
+) -> torch.Tensor:
+    """The bias gradient in `dtype` from backward_launch's fp32 partial sums [groups, N].
+    `blocks` (rows, columns) replaces (SUM_BLOCK_G, SUM_BLOCK_N): benchmarks/bias_act_bwd_probe.py
+    times tiles."""
     g, n = partial.shape
+    block_g, block_n = (SUM_BLOCK_G, SUM_BLOCK_N) if blocks is None else blocks
     db = torch.empty(n, dtype=dtype, device=partial.device)
-    launchable(_bias_grad_sum)[(cdiv(n, SUM_BLOCK_N),)](
-        partial, db, g, n, BLOCK_G=SUM_BLOCK_G, BLOCK_N=SUM_BLOCK_N
+    launchable(_bias_grad_sum)[(cdiv(n, block_n),)](
+        partial, db, g, n, BLOCK_G=block_g, BLOCK_N=block_n
     )
     return db
 
