@@ -249,7 +249,7 @@ def _even_arms(
     case: dict[str, Any],
     cols: int,
     warps_list: tuple[int, ...] = (),
-    rows_list: tuple[tuple[int, int, int], ...] = (),
+    rows_list: tuple[tuple[int, ...], ...] = (),
     heads_warps: tuple[int, ...] = (),
     pieces: tuple[tuple[int, int], ...] = (),
 ) -> list[tuple[str, Any]]:
@@ -307,16 +307,20 @@ def _even_arms(
 
             arms.append((name + suffix, block))
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-    for rows_warps, per_sm, stages in rows_list:
-        # Session 16: MASK_VEC with predicates too (rows that do not fill the block).
+    for rows_warps, per_sm, stages, *inner_flag in rows_list:
+        # Session 16: MASK_VEC with predicates too (rows that do not fill the block). Session
+        # 19: a fourth field of 1 takes the rows heads innermost (the rows kernel's HEADS_INNER).
+        rows_heads = HEADS if masked and inner_flag and inner_flag[0] else 0
         for suffix, extra in variants:
 
             def rows_variant(w: int = rows_warps, g: int = min(ROWS, per_sm * sms),
-                             st: int = stages, k: dict = extra) -> None:  # fmt: skip
+                             st: int = stages, k: dict = extra,
+                             h: int = rows_heads) -> None:  # fmt: skip
                 launch = ks._softmax_fwd_rows[(g,)]
-                launch(*args, **kw, BLOCK_N=block_n, STAGES=st, num_warps=w, **k)
+                launch(*args, **kw, BLOCK_N=block_n, STAGES=st, num_warps=w, HEADS_INNER=h, **k)
 
-            arms.append((f"rows w{rows_warps} {per_sm}/SM s{stages}{suffix}", rows_variant))
+            name = f"rows w{rows_warps} {per_sm}/SM s{stages}{' heads-inner' if rows_heads else ''}"
+            arms.append((name + suffix, rows_variant))
     for piece, piece_warps in pieces:
         # Session 17: the row as full pieces without predicates and a predicated tail
         # (_softmax_fwd_pieces), in the default order and heads innermost, with and without
@@ -443,7 +447,7 @@ def measure_softmax(
     measured: bool = True,
     even_arms: bool = False,
     even_warps: tuple[int, ...] = (),
-    even_rows: tuple[tuple[int, int, int], ...] = (),
+    even_rows: tuple[tuple[int, ...], ...] = (),
     even_heads: tuple[int, ...] = (),
     pieces: tuple[tuple[int, int], ...] = (),
 ) -> dict[str, Any]:
@@ -634,9 +638,10 @@ def main(argv: list[str] | None = None) -> int:
                         "and MASK_VEC (session 15), instead of the other arms")  # fmt: skip
     p.add_argument("--even-warps", type=int, nargs="*", default=[],
                    help="with --even-arms: the same variants at these warps too")  # fmt: skip
-    p.add_argument("--even-rows", nargs="*", default=[], metavar="W:P:S",
-                   help="with --even-arms: the rows kernel at warps:programs an SM:stages, "
-                        "plain, EVEN, and EVEN with MASK_VEC")  # fmt: skip
+    p.add_argument("--even-rows", nargs="*", default=[], metavar="W:P:S[:H]",
+                   help="with --even-arms: the rows kernel at warps:programs an SM:stages "
+                        "(H 1: heads innermost where masked), plain, EVEN, MASK_VEC, "
+                        "both")  # fmt: skip
     p.add_argument("--pieces", nargs="*", default=[], metavar="P:W",
                    help="with --even-arms: padded rows as full pieces of P elements and a tail, "
                    "at W warps (session 17)")  # fmt: skip

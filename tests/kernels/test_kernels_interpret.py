@@ -159,6 +159,27 @@ def test_rows_held_as_pieces_compute_the_same_softmax(interpreted, dtype):
                         assert torch.equal(y[1, :, 1], torch.zeros(2, cols, dtype=dtype)), what
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_rows_kernel_heads_innermost_computes_the_same_softmax(interpreted, dtype):
+    # The persistent rows kernel taking its rows heads innermost (HEADS_INNER), two programs
+    # over 2 batches x 3 heads x 5 queries (each takes 15 rows in turn, so the order is
+    # exercised past a program's first row), with a bool mask the heads share that differs by
+    # batch and query (a fully masked row, a row masked past its 7th column), its mask at x's
+    # width or not, the block filled (EVEN) or not.
+    for cols in (128, 100):
+        x = _randn((2, 3, 5, cols), dtype, seed=9)
+        shared = torch.rand(2, 1, 5, cols, generator=torch.Generator().manual_seed(3)) < 0.8
+        shared[1, 0, 1] = False
+        shared[0, 0, 2, 7:] = False
+        ref = masked_softmax_ref(x, shared, 0.5)
+        for vec, even in ((False, False), (True, False), (True, True)):
+            y = interpreted("_softmax", "softmax_forward", x, shared, 0.5, True, heads_inner=True,
+                            mask_vec=vec, even=even, **ROWS)  # fmt: skip
+            what = f"{cols} columns, vec={vec}, even={even}"
+            assert_close(y, ref, dtype, what)
+            assert torch.equal(y[1, :, 1], torch.zeros(3, cols, dtype=dtype)), what
+
+
 @pytest.mark.parametrize(
     "kw",
     [{"loop_l2_hints": True}, {"loop_chunk_stats": True, "loop_maxnreg": 32}],

@@ -417,7 +417,7 @@ def _softmax_fwd_rows(
     x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale,
     MASK_KIND: tl.constexpr, SAFE: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
     MASK_DIMS: tl.constexpr = 7, POS_SCALE: tl.constexpr = False, MASK_VEC: tl.constexpr = 0,
-    EVEN: tl.constexpr = False,
+    EVEN: tl.constexpr = False, HEADS_INNER: tl.constexpr = 0,
 ):  # fmt: skip
     # The single block made persistent: a grid of a few programs per SM, each taking rows
     # pid, pid + G, ... and, with STAGES > 1, Triton's software pipeliner loading the next rows
@@ -432,8 +432,15 @@ def _softmax_fwd_rows(
     col_ok = tl.full([BLOCK_N], 1, tl.int1) if EVEN else cols < N
     m_cols = tl.max_contiguous(tl.arange(0, BLOCK_N), MASK_VEC) if MASK_VEC > 0 else cols
     for r in tl.range(tl.program_id(0), M, tl.num_programs(0), num_stages=STAGES):
-        row = r + tl.full([], 0, tl.int64)  # int64 addressing (the interpreter gives an int)
-        m_row = m_ptr + _mask_row_offset(row, H, Q, smb, smh, smq, MASK_DIMS)
+        if HEADS_INNER > 0:
+            # As the block's HEADS_INNER: the rows in flight together (one a program) are
+            # a few queries' heads, so each mask row is read once from DRAM, not once a head.
+            row, m_off = _heads_inner_row(r, Q, smb, smh, smq, HEADS_INNER)
+            row = row.to(tl.int64)
+        else:
+            row = r + tl.full([], 0, tl.int64)  # int64 addressing (the interpreter gives an int)
+            m_off = _mask_row_offset(row, H, Q, smb, smh, smq, MASK_DIMS)
+        m_row = m_ptr + m_off
         m_ptrs = m_row + m_cols * smk
         z = _scores(x_ptr + row * N + cols, m_ptrs, col_ok, col_ok, xf, mf, MASK_KIND, POS_SCALE)
         y = _normalise(z, c, SAFE, 0, POS_SCALE).to(y_ptr.dtype.element_ty)
@@ -789,11 +796,14 @@ def softmax_forward(
         # earlier kernels stay.
         if explicit or major >= 9:
             warps, per_sm, stages = rows_config
+            block_n = next_power_of_2(n)
+            vec = 16 // itemsize if mask_vec and masked else 0
             # Every program takes rows in turn: a grid larger than the rows adds programs that
             # exit at once.
             launchable(_softmax_fwd_rows)[(per_sm * sms,)](
-                *common, MASK_KIND=kind, SAFE=safe, BLOCK_N=next_power_of_2(n), STAGES=stages,
-                MASK_DIMS=dims, POS_SCALE=pos_scale, num_warps=warps,
+                *common, MASK_KIND=kind, SAFE=safe, BLOCK_N=block_n, STAGES=stages,
+                MASK_DIMS=dims, POS_SCALE=pos_scale, HEADS_INNER=heads if masked else 0,
+                MASK_VEC=vec, EVEN=bool(even) and n == block_n, num_warps=warps,
             )  # fmt: skip
             return y
     long_loop = long_row_loop(n, masked, itemsize)
