@@ -245,6 +245,10 @@ def _launch_args(case: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
     return args, kw
 
 
+# The mask's load widths (MASK_VEC) of --even-arms' vec variants; empty: x's 16-byte width.
+MASK_VECS: list[int] = []
+
+
 def _even_arms(
     case: dict[str, Any],
     cols: int,
@@ -280,13 +284,14 @@ def _even_arms(
     fixed = {**kw, "BLOCK_M": 1, "BLOCK_N": block_n, "HEADS_INNER": heads, "num_warps": warps,
              **({} if cap is None else {"maxnreg": cap})}  # fmt: skip
     variants = [("", {})]
-    vec = {"MASK_VEC": 16 // itemsize}
     if cols == block_n:
         variants.append((" even", {"EVEN": True}))
-    if masked:
-        variants.append((" vec", vec))
+    # Session 19: `MASK_VECS` (--mask-vec) other widths than x's 16-byte load.
+    for width in MASK_VECS or (16 // itemsize,) if masked else ():
+        vec, name = {"MASK_VEC": width}, " vec" if width == 16 // itemsize else f" vec{width}"
+        variants.append((name, vec))
         if cols == block_n:
-            variants.append((" vec even", {**vec, "EVEN": True}))
+            variants.append((f"{name} even", {**vec, "EVEN": True}))
     inner = " heads-inner" if heads else ""
     configs = [(f"block w{warps}{'' if cap is None else f' r{cap}'}{inner}", fixed)]
     for w in warps_list:
@@ -648,6 +653,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--even-heads", type=int, nargs="*", default=[], metavar="W",
                    help="with --even-arms: the masked block heads innermost at these warps, "
                         "with the same variants")  # fmt: skip
+    p.add_argument("--mask-vec", type=int, nargs="*", default=[], metavar="N",
+                   help="with --even-arms: the mask's vec variants at these widths (elements a "
+                        "thread loads at once) instead of x's 16-byte width")  # fmt: skip
     p.add_argument(
         "--kinds",
         nargs="+",
@@ -686,6 +694,7 @@ def main(argv: list[str] | None = None) -> int:
         for d in ("bf16", "fp32")
     ]
     loops, measured = not args.no_loop, not args.skip_measured
+    MASK_VECS[:] = args.mask_vec
     rows = tuple(tuple(int(v) for v in spec.split(":")) for spec in args.even_rows)
     pieces = tuple(tuple(int(v) for v in spec.split(":")) for spec in args.pieces)
     for cols in [] if args.bias_act_only else args.cols:
