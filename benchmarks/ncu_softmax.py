@@ -39,6 +39,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="then the masked forward in the other row order (HEADS_INNER)",
     )
+    parser.add_argument(
+        "--rows-kernel",
+        metavar="W:P:S",
+        help="then the masked forward in the persistent rows kernel at warps:programs an "
+        "SM:stages, heads innermost, its mask at x's width, unpredicated where rows fill the "
+        "block (session 19)",
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -70,6 +77,15 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if args.heads_inner:
         kinds.append((f"masked, heads inner {other}", heads_inner))
+    if args.rows_kernel:
+        config = tuple(int(v) for v in args.rows_kernel.split(":"))
+
+        def rows_kernel() -> None:
+            with direct_launches():
+                ks.softmax_forward(x, mask, ATTN_SCALE, safe=True, rows_config=config,
+                                   heads_inner=True, mask_vec=True, even=True)  # fmt: skip
+
+        kinds.append((f"masked, rows kernel {args.rows_kernel} heads inner", rows_kernel))
     for kind, call in kinds:
         for i in range(args.calls):
             call()
