@@ -355,6 +355,18 @@ def _even_arms(
             launch(*args, **kw, BLOCK_N=block_n, STAGES=stages, num_warps=rows_warps)
 
         arms.append((f"rows w{rows_warps} {per_sm}/SM s{stages} (ROWS_LOOP)", rows_kernel))
+    rows = ks.rows_heads_inner(cols, case["mask_kind"], itemsize) if heads else None
+    if rows is not None:
+        rows_warps, per_sm, stages = rows
+        grid = per_sm * torch.cuda.get_device_properties(x.device).multi_processor_count
+        flags = {"HEADS_INNER": heads, "MASK_VEC": 16 // itemsize, "EVEN": True}
+
+        def rows_heads() -> None:
+            launch = ks._softmax_fwd_rows[(min(ROWS, grid),)]
+            launch(*args, **kw, BLOCK_N=block_n, STAGES=stages, num_warps=rows_warps, **flags)
+
+        name = f"rows w{rows_warps} {per_sm}/SM s{stages} heads-inner vec even (ROWS_HEADS_2BYTE)"
+        arms.append((name, rows_heads))
     return arms
 
 

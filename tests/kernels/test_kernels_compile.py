@@ -335,16 +335,22 @@ def test_the_masked_fp32_forward_launches_heads_innermost_where_heads_share_its_
     assert launch(fp32, (1, 1, 3), 32768) == (block, (12,), 4, 32)
     assert launch(fp32, (1, 1, 3), 32768, heads_inner=False)[0] is rows
     assert launch(fp32, (1, 1, 3), 32768, rows_config=(4, 1, 2))[0] is rows
-    # The 2-byte bool-masked forward there: the 32-warp block, heads innermost where the heads
-    # share the mask, predicated, its mask at x's width (8 columns), unless told otherwise; at
-    # 16384 heads innermost with EVEN and MASK_VEC at 8 warps.
-    assert launch(bf16, (1, 1, 3), 32768) == (block, (12,), 4, 32)
+    # The 2-byte bool-masked forward there: rows of exactly 32768 whose heads share the mask
+    # take the rows kernel heads innermost, unpredicated, its mask at x's width (8 columns;
+    # session 19, ROWS_HEADS_2BYTE), one 32-warp program an SM (a grid of 2 on the CPU's
+    # stand-in of 2 SMs); padded rows and a mask per head the 32-warp block, predicated, with
+    # MASK_VEC (heads innermost where shared), unless told otherwise; at 16384 the block heads
+    # innermost with EVEN and MASK_VEC at 8 warps.
+    assert launch(bf16, (1, 1, 3), 32768) == (rows, (2,), 4, 32)
+    assert flags[-1] == (True, 8)
+    assert launch(bf16, (1, 1, 3), 20000) == (block, (12,), 4, 32)
     assert flags[-1] == (False, 8)
-    assert launch(bf16, (1, 1, 3), 20000)[2:] == (4, 32)
+    assert launch(bf16, (1, 4, 3), 32768) == (block, (12,), 0, 32)  # a mask per head
     assert flags[-1] == (False, 8)
-    assert launch(bf16, (1, 4, 3), 32768)[2:] == (0, 32)  # a mask per head: default order
-    assert flags[-1] == (False, 8)
-    launch(bf16, (1, 1, 3), 32768, even=True, mask_vec=False)
+    launch(bf16, (1, 1, 3), 32768, even=False, mask_vec=False)
+    assert flags[-1] == (False, 0)
+    assert launch(bf16, (1, 1, 3), 32768, heads_inner=False) == (block, (12,), 0, 32)
+    launch(bf16, (1, 4, 3), 32768, even=True, mask_vec=False)
     assert flags[-1] == (True, 0)
     assert launch(bf16, (1, 1, 3), 16384) == (block, (12,), 4, 8)
     assert flags[-1] == (True, 8)
@@ -405,6 +411,13 @@ def test_block_configs_hold_16_values_per_thread():
     assert rows(32768, masked=False, itemsize=2) == rows(16385, False, 2) == (32, 1, 3)
     assert rows(32768, masked=True, itemsize=4) == rows(20000, True, 4) == (32, 1, 1)
     assert rows(32768, True, 2) is None and rows(20000, True, 2) is None
+    # Session 19: the 2-byte bool-masked forward over rows of exactly 32768 whose heads share
+    # the mask, heads innermost in the rows kernel (78% of the copy against the block's 75-76).
+    heads_rows, bool_kind = _softmax.rows_heads_inner, _softmax.MASK_BOOL
+    assert heads_rows(32768, bool_kind, 2) == (32, 1, 3)
+    assert heads_rows(20000, bool_kind, 2) is None and heads_rows(32768, bool_kind, 4) is None
+    assert heads_rows(32768, _softmax.MASK_ADD, 2) is None
+    assert heads_rows(16384, bool_kind, 2) is None
     assert rows(32768, False, 4) is None and rows(16384, True, 2) is None
     assert rows(32769, False, 2) is None and rows(65536, True, 4) is None
     assert rows(12672, False, 2) is None  # padded rows: the pieces kernel since session 17
@@ -499,17 +512,27 @@ def test_the_fast_gelu_takes_the_hardware_approximations():
 
 
 @pytest.mark.parametrize("pos_scale", [False, True])
-@pytest.mark.parametrize(("masked", "dtype"), [(False, "bf16"), (False, "fp16"), (True, "fp32")])
-def test_rows_kernel_fits_an_sm_without_spilling(masked, dtype, pos_scale):
-    # ROWS_LOOP's configurations at 32768 columns, compiled as the launcher specialises aligned
-    # inputs: no spills, and the pipeline's buffers within the 227 KB of shared memory a Hopper
-    # program may take (3 stages of a 32768-element bf16 row: 128 KB).
-    warps, _, stages = _softmax.rows_loop(32768, masked, 4 if dtype == "fp32" else 2)
+@pytest.mark.parametrize(
+    ("masked", "dtype", "heads"),
+    [(False, "bf16", 0), (False, "fp16", 0), (True, "fp32", 0), (True, "bf16", 8)],
+)
+def test_rows_kernel_fits_an_sm_without_spilling(masked, dtype, heads, pos_scale):
+    # ROWS_LOOP's configurations at 32768 columns, and ROWS_HEADS_2BYTE's (heads innermost,
+    # MASK_VEC, EVEN), compiled as the launcher specialises aligned inputs: no spills, and the
+    # pipeline's buffers within the 227 KB of shared memory a Hopper program may take (3 stages
+    # of a 32768-element bf16 row: 128 KB; with its bool mask's row, 192 KB).
+    itemsize = 4 if dtype == "fp32" else 2
+    if heads:
+        warps, _, stages = _softmax.rows_heads_inner(32768, _softmax.MASK_BOOL, itemsize)
+    else:
+        warps, _, stages = _softmax.rows_loop(32768, masked, itemsize)
     sig = {"x_ptr": f"*{dtype}", "y_ptr": f"*{dtype}", **ROW_ARGS, **MASK_ARGS}
     del sig["smk"]
     # A positive scale (the launcher's POS_SCALE) and a mask varying along queries alone.
     consts = {"MASK_KIND": int(masked), "SAFE": masked, "BLOCK_N": 32768, "STAGES": stages,
               "smk": 1, "POS_SCALE": pos_scale, "MASK_DIMS": 4 if masked else 0}  # fmt: skip
+    if heads:
+        consts.update(HEADS_INNER=heads, MASK_VEC=16 // itemsize, EVEN=True)
     compiled = _compile(_softmax._softmax_fwd_rows, sig, consts, warps, aligned=ALIGNED)
     assert _ptxas_spills(compiled) == 0
     assert compiled.metadata.shared <= 227 * 1024

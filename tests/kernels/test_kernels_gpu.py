@@ -88,9 +88,9 @@ def test_softmax_gpu(shape, dtype):
 def test_masked_softmax_gpu(shape, kind, dtype):
     # fp32 rows of 12672-32768 with a mask shared by the heads (bool_per_query,
     # additive_causal) take the block heads innermost (heads_inner_order), and so do 2-byte
-    # rows of 16384 and 32768 with a shared bool mask (MASK_VEC); the others the default
-    # order, or at 32768 the persistent rows kernel (fp32) or the block with MASK_VEC (2-byte,
-    # bool).
+    # rows of 16384 with a shared bool mask (MASK_VEC), and of 32768 in the persistent rows
+    # kernel (ROWS_HEADS_2BYTE); the others the default order, or at 32768 the persistent rows
+    # kernel (fp32) or the block with MASK_VEC (2-byte, bool).
     mask = make_mask(kind, shape, torch.Generator().manual_seed(7))
     mask = None if mask is None else mask.cuda()
     scores = _randn(shape, dtype, requires_grad=True)

@@ -69,8 +69,22 @@ LONG_ROW_LOOP = {4: (16384, 32), 2: (8192, 16)}
 # against 87.6% of the copy; 4 stages 3722, (16, 1, 3) 3628).
 # A masked fp32 forward whose heads share the mask takes the block heads innermost instead
 # (heads_inner_order, EVEN: 93% against 81%, session 15), and the masked 2-byte one the block
-# with its mask at x's width (wide_mask_vec: 74% against 70%, session 16).
+# with its mask at x's width (wide_mask_vec: 74% against 70%, session 16), or, where its heads
+# share a bool mask and rows are exactly 32768, this kernel heads innermost (ROWS_HEADS_2BYTE).
 ROWS_LOOP = {(False, 2): (32, 1, 3), (True, 4): (32, 1, 1)}
+# The masked 2-byte forward with a bool mask the heads share, over rows of exactly 32768 elements,
+# takes the rows kernel heads innermost, its mask at x's width and no predicates (HEADS_INNER,
+# MASK_VEC, EVEN), at (warps, programs an SM, stages). H200, session 19 (kernel_configs.py
+# --even-rows 32:1:3:1 ..., kernels-h200/session19/rows-heads/, 4096 x 32768 bf16 with the
+# bench's [1, 1, Q, K] mask, % of the copy in three runs): 78 / 78 / 78 against the block heads
+# innermost with MASK_VEC (what ran: 75-76) and the rows kernel in the default order (74).
+# Nsight Compute (ncu/): 285 MB read from DRAM heads innermost, the scores' 268 and the mask's 17
+# once, as the block heads innermost; 169 us against the unmasked rows kernel's 137, with 34%
+# more instructions (70.0 M against 52.0 M, the bool mask's byte extract and compare per element
+# and the row's index arithmetic) at the same ~20 cycles a warp between issues, stalled mostly
+# on the shared-memory queue (MIO). Padded rows (predicated) ran level with the block (76):
+# they keep it.
+ROWS_HEADS_2BYTE = (32, 1, 3)
 # Rows of 8193-16383 elements, whose 16384-element block is padded, held as full pieces of
 # PIECE_N elements loaded without predicates and a predicated tail (_softmax_fwd_pieces,
 # pieces_config): at 12672 three pieces and a 512-element tail, 12800 lanes against the block's
@@ -611,6 +625,15 @@ def rows_loop(n_cols: int, masked: bool, itemsize: int) -> tuple[int, int, int] 
     return ROWS_LOOP.get((masked, itemsize))
 
 
+def rows_heads_inner(n_cols: int, kind: int, itemsize: int) -> tuple[int, int, int] | None:
+    """(warps, programs per SM, stages) of the rows kernel heads innermost, with MASK_VEC and EVEN,
+    where a forward that goes heads innermost (heads_inner_order) takes it instead of the block
+    (ROWS_HEADS_2BYTE: a 2-byte one with a bool mask over rows of exactly 32768), else None."""
+    if kind == MASK_BOOL and itemsize == 2 and n_cols == MAX_BLOCK_N:
+        return ROWS_HEADS_2BYTE
+    return None
+
+
 def shared_by_heads(dims: int, heads: int) -> bool:
     """Whether a mask (MASK_DIMS `dims`) is shared by several heads and differs by query."""
     shared = dims & MASK_ALONG_Q and not dims & (MASK_ALONG_H | MASK_FLAT)
@@ -755,9 +778,11 @@ def softmax_forward(
     there (tests, benchmarks). `heads_inner` True makes a single-block forward over several heads
     take one row a program, heads innermost (the block kernel's HEADS_INNER), False never; None
     leaves it to heads_inner_order (a masked forward whose heads share the mask, where that
-    measured faster), which goes before ROWS_LOOP. `even` (no predicates; only where rows fill
-    the block and the grid) and `mask_vec` (the mask at x's load width) choose the block's EVEN
-    and MASK_VEC; None leaves them to even_block and, for MASK_VEC, to the heads-innermost
+    measured faster), which goes before ROWS_LOOP; heads innermost, 2-byte rows of exactly 32768
+    with a bool mask take the rows kernel (rows_heads_inner), with MASK_VEC and EVEN unless
+    told. `even` (no predicates; only where rows fill the block and the grid) and `mask_vec`
+    (the mask at x's load width) choose the block's (and an explicit rows kernel's) EVEN and
+    MASK_VEC; None leaves them to even_block and, for MASK_VEC, to the heads-innermost
     forward with EVEN and to wide_mask_vec (which also turns EVEN off). `pieces` (piece,
     pieces, tail, warps, heads innermost, MASK_VEC) sends rows to _softmax_fwd_pieces (tests,
     benchmarks), False never; None leaves it to pieces_config (padded rows of 8193-16383), which
@@ -787,8 +812,14 @@ def softmax_forward(
     if heads_inner is None:
         heads_inner = not explicit and heads_inner_order(n, dims, itemsize, h, kind)
     heads = h if heads_inner and h > 1 and n <= max_block_n else 0
-    if not explicit and not heads and max_block_n == MAX_BLOCK_N:
-        rows_config = rows_loop(n, masked, itemsize)
+    rows_vec, rows_even = mask_vec, even
+    if not explicit and max_block_n == MAX_BLOCK_N:
+        if not heads:
+            rows_config = rows_loop(n, masked, itemsize)
+        else:
+            rows_config = rows_heads_inner(n, kind, itemsize)
+            rows_vec = True if mask_vec is None else mask_vec
+            rows_even = True if even is None else even
     if rows_config is not None:
         sms, major = device_info(x)
         # ROWS_LOOP was measured on an H200 only, and its 3-stage pipeline takes 128 KB of shared
@@ -797,13 +828,13 @@ def softmax_forward(
         if explicit or major >= 9:
             warps, per_sm, stages = rows_config
             block_n = next_power_of_2(n)
-            vec = 16 // itemsize if mask_vec and masked else 0
+            vec = 16 // itemsize if rows_vec and masked else 0
             # Every program takes rows in turn: a grid larger than the rows adds programs that
             # exit at once.
             launchable(_softmax_fwd_rows)[(per_sm * sms,)](
                 *common, MASK_KIND=kind, SAFE=safe, BLOCK_N=block_n, STAGES=stages,
                 MASK_DIMS=dims, POS_SCALE=pos_scale, HEADS_INNER=heads if masked else 0,
-                MASK_VEC=vec, EVEN=bool(even) and n == block_n, num_warps=warps,
+                MASK_VEC=vec, EVEN=bool(rows_even) and n == block_n, num_warps=warps,
             )  # fmt: skip
             return y
     long_loop = long_row_loop(n, masked, itemsize)
