@@ -240,13 +240,16 @@ def _launch_args(case: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
     # MASK_DIMS and POS_SCALE as the launcher sets them (softmax_forward): the bench's
     # [1, 1, Q, K] mask needs the query index alone, and its scales are positive.
     dims = ks.mask_dims(case["mask_kind"], rest[0], *rest[2:7])
-    kw = {"MASK_KIND": case["mask_kind"], "SAFE": case["safe"], "MASK_DIMS": dims,
+    kind = case.get("kernel_kind", case["mask_kind"])  # MASK_BOOL_PTX where --mask-ptx
+    kw = {"MASK_KIND": kind, "SAFE": case["safe"], "MASK_DIMS": dims,
           "POS_SCALE": rest[-1] > 0}  # fmt: skip
     return args, kw
 
 
 # The mask's load widths (MASK_VEC) of --even-arms' vec variants; empty: x's 16-byte width.
 MASK_VECS: list[int] = []
+# --mask-ptx: every bool-masked arm also with MASK_BOOL_PTX.
+MASK_PTX: list[bool] = []
 
 
 def _even_arms(
@@ -470,6 +473,8 @@ def measure_softmax(
 ) -> dict[str, Any]:
     import torch
 
+    from torchkiln.kernels import _softmax as ks
+
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
     case = _inputs(dtype, cols, kind)
     x = case["x"]
@@ -480,16 +485,24 @@ def measure_softmax(
     out: dict[str, Any] = {"kernel": "softmax" if kind == "none" else "masked_softmax",
                            "dtype": dtype_name, "rows": ROWS, "cols": cols, "bytes": nbytes,
                            "copy_gbps": copy_gbps, "arms": {}}  # fmt: skip
-    if even_arms:
-        arms = _even_arms(case, cols, even_warps, even_rows, even_heads, pieces)
-    else:
-        arms = _arms(case, cols, loops, measured)
-    for name, fn in arms:
+    cases = [("", case)]
+    if MASK_PTX and case["mask_kind"] == ks.MASK_BOOL:
+        # Session 19: every arm again with the bool mask applied in PTX (MASK_BOOL_PTX), on a
+        # copy of the case with its own output.
+        cases.append((" ptx", {**case, "kernel_kind": ks.MASK_BOOL_PTX}))
+    arms = []
+    for suffix, c in cases:
+        if even_arms:
+            built = _even_arms(c, cols, even_warps, even_rows, even_heads, pieces)
+        else:
+            built = _arms(c, cols, loops, measured)
+        arms += [(name + suffix, fn, c) for name, fn in built]
+    for name, fn, c in arms:
 
-        def error(f: Any = fn) -> float:
-            case["y"].zero_()
+        def error(f: Any = fn, c: dict = c) -> float:
+            c["y"].zero_()
             f()
-            return (case["y"].float() - case["ref"]).abs().max().item()
+            return (c["y"].float() - c["ref"]).abs().max().item()
 
         out["arms"][name] = _time_arm(fn, error, TOL[dtype_name], nbytes, copy_gbps)
     return out
@@ -668,6 +681,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mask-vec", type=int, nargs="*", default=[], metavar="N",
                    help="with --even-arms: the mask's vec variants at these widths (elements a "
                         "thread loads at once) instead of x's 16-byte width")  # fmt: skip
+    p.add_argument("--mask-ptx", action="store_true",
+                   help="every bool-masked arm again with the mask applied in PTX "
+                        "(MASK_BOOL_PTX)")  # fmt: skip
     p.add_argument(
         "--kinds",
         nargs="+",
@@ -707,6 +723,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     loops, measured = not args.no_loop, not args.skip_measured
     MASK_VECS[:] = args.mask_vec
+    MASK_PTX[:] = [True] if args.mask_ptx else []
     rows = tuple(tuple(int(v) for v in spec.split(":")) for spec in args.even_rows)
     pieces = tuple(tuple(int(v) for v in spec.split(":")) for spec in args.pieces)
     for cols in [] if args.bias_act_only else args.cols:

@@ -34,6 +34,9 @@ ROW_TILE_SHORT, ROW_TILE = 2048, 4096
 MASKED_WIDE_BLOCK_N = 16384
 
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
+# A bool mask applied in PTX (_kept_or_neg_inf), the kernels' MASK_KIND for MASK_BOOL on NVIDIA
+# GPUs where it measured faster (experimental: kernel_configs.py --mask-ptx).
+MASK_BOOL_PTX = 3
 # What the mask varies along (mask_dims, _mask_row_offset): bits for batch, heads and queries,
 # or MASK_FLAT where its strides are those of a contiguous [B * H * Q] row index.
 MASK_ALONG_B, MASK_ALONG_H, MASK_ALONG_Q, MASK_FLAT = 1, 2, 4, 8
@@ -275,6 +278,39 @@ def _exp2_shifted(z, m, c, POS_SCALE: tl.constexpr):
 
 
 @triton.jit
+def _kept_or_neg_inf(keep, z):
+    # where(keep != 0, z, -inf) for int8 `keep` in PTX, four elements at once: their bytes come
+    # packed in one register and each is tested where it lies (and + setp, which ptxas makes one
+    # LOP3 writing a predicate), where the compare of Triton's i1 load first extracts each byte
+    # (PRMT, then ISETP). MASK_BOOL_PTX; NVIDIA GPUs only.
+    return tl.inline_asm_elementwise(
+        """
+        {
+        .reg .pred p0, p1, p2, p3;
+        .reg .b32 t0, t1, t2, t3;
+        and.b32 t0, $4, 0x000000FF;
+        and.b32 t1, $4, 0x0000FF00;
+        and.b32 t2, $4, 0x00FF0000;
+        and.b32 t3, $4, 0xFF000000;
+        setp.ne.b32 p0, t0, 0;
+        setp.ne.b32 p1, t1, 0;
+        setp.ne.b32 p2, t2, 0;
+        setp.ne.b32 p3, t3, 0;
+        selp.f32 $0, $5, 0fFF800000, p0;
+        selp.f32 $1, $6, 0fFF800000, p1;
+        selp.f32 $2, $7, 0fFF800000, p2;
+        selp.f32 $3, $8, 0fFF800000, p3;
+        }
+        """,
+        "=r,=r,=r,=r,r,r,r,r,r",
+        [keep, z],
+        dtype=tl.float32,
+        is_pure=True,
+        pack=4,
+    )
+
+
+@triton.jit
 def _scores(
     x_ptrs, m_ptrs, inb, col_ok, xf, mf,
     MASK_KIND: tl.constexpr, POS_SCALE: tl.constexpr, EVICT: tl.constexpr = 0,
@@ -286,10 +322,13 @@ def _scores(
     # instructions per element; the bool-masked forward lost 0.3 that way and keeps its
     # loads). Padding rows of the last block (past M) are never stored; where they load -inf
     # their sums are 0 and, without SAFE, their inverse inf (NaN, unstored).
-    if MASK_KIND == 1:
+    if MASK_KIND == 1 or MASK_KIND == 3:
         z = _load_x(x_ptrs, inb, EVICT).to(tl.float32)
         if not POS_SCALE:
             z = z * xf
+        if MASK_KIND == 3:  # MASK_BOOL_PTX (a literal: Inductor copies this source)
+            keep = tl.load(m_ptrs.to(tl.pointer_type(tl.int8), bitcast=True), mask=inb, other=0)
+            return _kept_or_neg_inf(keep, z)
         keep = tl.load(m_ptrs, mask=inb, other=0) != 0
         return tl.where(keep, z, float("-inf"))
     if POS_SCALE:
