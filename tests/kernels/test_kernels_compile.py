@@ -77,7 +77,45 @@ def test_softmax_forward_compiles_without_spills(dtype, n):
     assert _ptxas_spills(_softmax_fwd(dtype, n, mask_kind=0)) == 0
 
 
-@pytest.mark.parametrize("mask_kind", [1, 2])
+def _sass_ops(compiled) -> list[str]:
+    """The opcodes of the kernel's SASS, from the bundled cuobjdump on its cubin."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
+    if not os.path.exists(tool):
+        pytest.skip("triton's bundled cuobjdump is not present")
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(compiled.asm["cubin"])
+    try:
+        out = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, timeout=120)
+    finally:
+        os.unlink(f.name)
+    assert out.returncode == 0, out.stderr
+    return re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", out.stdout)
+
+
+def test_the_bool_mask_in_ptx_tests_each_byte_in_one_instruction():
+    # MASK_BOOL_PTX (the 2-byte default on NVIDIA GPUs): the masked bf16 block at 16384, 64
+    # values a thread, as the launcher runs it. Triton's i1 compare extracts each byte (PRMT)
+    # and compares it (ISETP); the PTX's and + setp on the packed bytes becomes one LOP3 with a
+    # predicate, so at least a PRMT and an ISETP an element go, and nothing else grows to
+    # match (sm_90 SASS: 816 -> 752 instructions).
+    sig = {"x_ptr": "*bf16", "y_ptr": "*bf16", **ROW_ARGS, **MASK_ARGS}
+    del sig["smk"]
+    consts = {"SAFE": True, "BLOCK_M": 1, "BLOCK_N": 16384, "MASK_DIMS": 4, "POS_SCALE": True,
+              "HEADS_INNER": 8, "EVEN": True, "MASK_VEC": 8, "smk": 1}  # fmt: skip
+    ops = {}
+    for kind in (_softmax.MASK_BOOL, _softmax.MASK_BOOL_PTX):
+        compiled = _compile(_softmax._softmax_fwd_block, sig, {**consts, "MASK_KIND": kind}, 8,
+                            aligned=ALIGNED)  # fmt: skip
+        ops[kind] = _sass_ops(compiled)
+        assert _ptxas_spills(compiled) == 0
+    compare, ptx = ops[_softmax.MASK_BOOL], ops[_softmax.MASK_BOOL_PTX]
+    values = 16384 // (8 * 32)
+    assert compare.count("PRMT") - ptx.count("PRMT") >= values
+    assert compare.count("ISETP") - ptx.count("ISETP") >= values
+    assert len(compare) - len(ptx) >= values
+
+
+@pytest.mark.parametrize("mask_kind", [1, 2, 3])
 def test_masked_softmax_forward_compiles(mask_kind):
     assert ".entry _softmax_fwd_block" in _softmax_fwd("fp16", 12672, mask_kind).asm["ptx"]
 
@@ -136,8 +174,9 @@ def test_the_even_masked_fp32_block_needs_no_layout_conversion(block_n, warps, m
 @pytest.mark.parametrize("n", [2048, 8192, 12672])
 def test_masked_softmax_forward_at_32_values_per_thread_does_not_spill(dtype, n):
     # forward_config gives the masked forward 32 values per thread at 16384-element blocks, at
-    # 2048 (two rows a program), and for 2-byte dtypes at 4096-8192.
-    assert _ptxas_spills(_softmax_fwd(dtype, n, mask_kind=1)) == 0
+    # 2048 (two rows a program), and for 2-byte dtypes at 4096-8192 (their bool mask in PTX).
+    kind = _softmax.MASK_BOOL_PTX if dtype == "bf16" else _softmax.MASK_BOOL
+    assert _ptxas_spills(_softmax_fwd(dtype, n, mask_kind=kind)) == 0
 
 
 def test_looped_and_backward_kernels_compile():
@@ -240,6 +279,47 @@ def test_the_bias_act_backward_grid_is_one_wave_of_four_programs_an_sm(monkeypat
         dx, db = _bias_act.bias_act_backward(x, b, x, "gelu", 0.5)
     assert grids == [(_bias_act._bias_act_bwd, (128, 4)), (_bias_act._bias_grad_sum, (256,))]
     assert (dx.shape, db.shape, db.dtype) == (x.shape, b.shape, torch.bfloat16)
+
+
+def test_a_bool_mask_over_2_byte_scores_on_an_nvidia_gpu_is_applied_in_ptx(monkeypatch):
+    # kernel_kind: MASK_BOOL_PTX for bf16 / fp16 scores with a bool mask on CUDA tensors (fake
+    # ones here: no GPU), the compare elsewhere: fp32, an additive mask, CPU tensors (the
+    # interpreter cannot run PTX); every launch of softmax_forward gets it.
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    kinds = []
+
+    class Recorder:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: kinds.append(kw["MASK_KIND"])
+
+    monkeypatch.setattr(_softmax, "launchable", Recorder)
+    ptx, bool_, add = _softmax.MASK_BOOL_PTX, _softmax.MASK_BOOL, _softmax.MASK_ADD
+    # 2048 (block), 12672 (pieces), 32768 (rows, heads innermost), 40000 (loop).
+    cols = (2048, 12672, 32768, 40000)
+    with FakeTensorMode():
+        for dtype, expected in (
+            (torch.bfloat16, ptx),
+            (torch.float16, ptx),
+            (torch.float32, bool_),
+        ):
+            for n in cols:
+                x = torch.empty(1, 2, 3, n, device="cuda", dtype=dtype)
+                mask = torch.empty(1, 1, 3, n, device="cuda", dtype=torch.bool)
+                _softmax.softmax_forward(x, mask, 0.5, True)
+                assert kinds[-1] == expected, (dtype, n)
+                assert _softmax.kernel_kind(bool_, x) == expected
+            additive = torch.empty(1, 1, 3, 2048, device="cuda", dtype=dtype)
+            _softmax.softmax_forward(x[..., :2048].contiguous(), additive, 0.5, True)
+            assert kinds[-1] == add
+    x = torch.zeros(1, 2, 3, 2048, dtype=torch.bfloat16)
+    _softmax.softmax_forward(x, torch.ones(1, 1, 3, 2048, dtype=torch.bool), 0.5, True)
+    assert kinds[-1] == bool_
+    assert len(kinds) == 3 * (len(cols) + 1) + 1
 
 
 @pytest.mark.parametrize("out", ["bf16", "fp32"])
@@ -531,8 +611,9 @@ def test_rows_kernel_fits_an_sm_without_spilling(masked, dtype, heads, pos_scale
     # A positive scale (the launcher's POS_SCALE) and a mask varying along queries alone.
     consts = {"MASK_KIND": int(masked), "SAFE": masked, "BLOCK_N": 32768, "STAGES": stages,
               "smk": 1, "POS_SCALE": pos_scale, "MASK_DIMS": 4 if masked else 0}  # fmt: skip
-    if heads:
-        consts.update(HEADS_INNER=heads, MASK_VEC=16 // itemsize, EVEN=True)
+    if heads:  # as on an NVIDIA GPU: the bool mask in PTX (kernel_kind)
+        consts.update(HEADS_INNER=heads, MASK_VEC=16 // itemsize, EVEN=True,
+                      MASK_KIND=_softmax.MASK_BOOL_PTX)  # fmt: skip
     compiled = _compile(_softmax._softmax_fwd_rows, sig, consts, warps, aligned=ALIGNED)
     assert _ptxas_spills(compiled) == 0
     assert compiled.metadata.shared <= 227 * 1024

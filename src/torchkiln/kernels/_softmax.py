@@ -34,8 +34,14 @@ ROW_TILE_SHORT, ROW_TILE = 2048, 4096
 MASKED_WIDE_BLOCK_N = 16384
 
 MASK_NONE, MASK_BOOL, MASK_ADD = 0, 1, 2
-# A bool mask applied in PTX (_kept_or_neg_inf), the kernels' MASK_KIND for MASK_BOOL on NVIDIA
-# GPUs where it measured faster (experimental: kernel_configs.py --mask-ptx).
+# A bool mask applied in PTX (_kept_or_neg_inf): the kernels' MASK_KIND for a bool mask over
+# 2-byte scores on NVIDIA GPUs (kernel_kind). sm_90 SASS, bf16: 1-1.25 instructions an element
+# fewer (the rows kernel at 32768, 720 -> 680 a thread a row; the block at 16384, 816 -> 752).
+# H200, session 19 (kernel_configs.py --even-arms --mask-ptx, kernels-h200/session19/ptx/, 4096
+# rows, % of the copy, each length's default launch without -> with): bf16 2048 101.6 -> 102.6,
+# 4096 94.6 -> 97.5, 8192 93.8 -> 96.3, 12672 93.6 -> 94.3, 16384 90.0 -> 92.8, 32768 77.9 ->
+# 78.3; fp32 97.9 -> 98.0 at 4096, 93.0 -> 94.2 at 8192, but 95.0 -> 93.8 at 16384 and 92.5 ->
+# 91.7 at 32768 (its mask at x's width there, 4 bytes a thread): fp32 keeps the compare.
 MASK_BOOL_PTX = 3
 # What the mask varies along (mask_dims, _mask_row_offset): bits for batch, heads and queries,
 # or MASK_FLAT where its strides are those of a contiguous [B * H * Q] row index.
@@ -673,6 +679,15 @@ def rows_heads_inner(n_cols: int, kind: int, itemsize: int) -> tuple[int, int, i
     return None
 
 
+def kernel_kind(kind: int, x: torch.Tensor) -> int:
+    """The kernels' MASK_KIND for a mask of `kind` over `x`: MASK_BOOL_PTX for a bool mask over
+    2-byte scores on an NVIDIA GPU (measured faster there; the interpreter and ROCm cannot run
+    its PTX), else `kind`."""
+    if kind == MASK_BOOL and x.element_size() == 2 and x.is_cuda and torch.version.hip is None:
+        return MASK_BOOL_PTX
+    return kind
+
+
 def shared_by_heads(dims: int, heads: int) -> bool:
     """Whether a mask (MASK_DIMS `dims`) is shared by several heads and differs by query."""
     shared = dims & MASK_ALONG_Q and not dims & (MASK_ALONG_H | MASK_FLAT)
@@ -835,6 +850,7 @@ def softmax_forward(
     # Scaling inside exp2's FFMA needs a positive scale (_x_factor).
     pos_scale = common[-1] > 0
     masked, itemsize = kind != MASK_NONE, x.element_size()
+    launch_kind = kernel_kind(kind, x)  # the policy below reads `kind`
     explicit = rows_config is not None
     h = common[5]
     if pieces is None and not explicit and max_block_n == MAX_BLOCK_N:
@@ -843,7 +859,7 @@ def softmax_forward(
         piece, count, tail, warps, inner, vec = pieces
         inner = inner if heads_inner is None else heads_inner
         launchable(_softmax_fwd_pieces)[(m,)](
-            *common, MASK_KIND=kind, SAFE=safe, PIECE=piece, PIECES=count, TAIL=tail,
+            *common, MASK_KIND=launch_kind, SAFE=safe, PIECE=piece, PIECES=count, TAIL=tail,
             MASK_DIMS=dims, POS_SCALE=pos_scale, HEADS_INNER=h if inner and h > 1 else 0,
             MASK_VEC=16 // itemsize if vec and masked else 0, num_warps=warps,
         )  # fmt: skip
@@ -871,7 +887,7 @@ def softmax_forward(
             # Every program takes rows in turn: a grid larger than the rows adds programs that
             # exit at once.
             launchable(_softmax_fwd_rows)[(per_sm * sms,)](
-                *common, MASK_KIND=kind, SAFE=safe, BLOCK_N=block_n, STAGES=stages,
+                *common, MASK_KIND=launch_kind, SAFE=safe, BLOCK_N=block_n, STAGES=stages,
                 MASK_DIMS=dims, POS_SCALE=pos_scale, HEADS_INNER=heads if masked else 0,
                 MASK_VEC=vec, EVEN=bool(rows_even) and n == block_n, num_warps=warps,
             )  # fmt: skip
@@ -897,7 +913,7 @@ def softmax_forward(
             mask_vec = (bool(heads) and exact) or wide_vec
         vec = 16 // itemsize if mask_vec and masked else 0
         launchable(_softmax_fwd_block)[(cdiv(m, block_m),)](
-            *common, MASK_KIND=kind, SAFE=safe, BLOCK_M=block_m, BLOCK_N=block_n,
+            *common, MASK_KIND=launch_kind, SAFE=safe, BLOCK_M=block_m, BLOCK_N=block_n,
             MASK_DIMS=dims, POS_SCALE=pos_scale, HEADS_INNER=heads, MASK_VEC=vec, EVEN=exact,
             num_warps=num_warps, **({} if maxnreg is None else {"maxnreg": maxnreg}),
         )  # fmt: skip
@@ -905,7 +921,7 @@ def softmax_forward(
         grid = m if loop_programs is None else max(1, min(m, loop_programs))
         cap = {} if loop_maxnreg is None else {"maxnreg": loop_maxnreg}
         launchable(_softmax_fwd_loop)[(grid,)](
-            *common, MASK_KIND=kind, SAFE=safe, BLOCK_N=min(loop_block_n, max_block_n),
+            *common, MASK_KIND=launch_kind, SAFE=safe, BLOCK_N=min(loop_block_n, max_block_n),
             L2_HINTS=loop_l2_hints, CHUNK_STATS=loop_chunk_stats, MASK_DIMS=dims,
             POS_SCALE=pos_scale, num_warps=loop_warps, **cap,
         )  # fmt: skip
