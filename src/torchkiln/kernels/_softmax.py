@@ -84,9 +84,10 @@ ROWS_LOOP = {(False, 2): (32, 1, 3), (True, 4): (32, 1, 1)}
 # The masked 2-byte forward with a bool mask the heads share, over rows of exactly 32768 elements,
 # takes the rows kernel heads innermost, its mask at x's width and no predicates (HEADS_INNER,
 # MASK_VEC, EVEN), at (warps, programs an SM, stages). H200, session 19 (kernel_configs.py
-# --even-rows 32:1:3:1 ..., kernels-h200/session19/rows-heads/, 4096 x 32768 bf16 with the
-# bench's [1, 1, Q, K] mask, % of the copy in three runs): 78 / 78 / 78 against the block heads
-# innermost with MASK_VEC (what ran: 75-76) and the rows kernel in the default order (74).
+# --even-rows 32:1:3:1 ..., kernels-h200/session19/rows-heads/, vec/, final-rows-heads/, ptx/;
+# 4096 x 32768 bf16 with the bench's [1, 1, Q, K] mask, % of the copy in five runs): 78.0 / 78.3
+# / 78.2 / 78.1 / 77.9 against the block heads innermost with MASK_VEC (what ran: 75-76) and the
+# rows kernel in the default order (74).
 # Nsight Compute (ncu/): 285 MB read from DRAM heads innermost, the scores' 268 and the mask's 17
 # once, as the block heads innermost; 169 us against the unmasked rows kernel's 137, with 34%
 # more instructions (70.0 M against 52.0 M, the bool mask's byte extract and compare per element
