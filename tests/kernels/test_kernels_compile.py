@@ -254,6 +254,20 @@ def test_bias_act_kernels_compile_without_spills(code):
     assert _ptxas_spills(compiled) == 0
 
 
+def _record_launches(monkeypatch, module, record) -> None:
+    """`module`'s launches recorded instead of made: `launchable(kernel)[grid](*args, **kw)`
+    calls record(kernel, grid, kw)."""
+
+    class Recorder:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: record(self.kernel, grid, kw)
+
+    monkeypatch.setattr(module, "launchable", Recorder)
+
+
 def test_the_bias_act_backward_grid_is_one_wave_of_four_programs_an_sm(monkeypatch):
     # backward_launch's default grid on an H200 (132 SMs; fake CUDA tensors on this host take
     # device_info's 132): 4 x 132 = 528 programs aimed at over 4 column blocks of 1024 gives 132
@@ -264,14 +278,7 @@ def test_the_bias_act_backward_grid_is_one_wave_of_four_programs_an_sm(monkeypat
 
     grids = []
 
-    class Recorder:
-        def __init__(self, kernel):
-            self.kernel = kernel
-
-        def __getitem__(self, grid):
-            return lambda *args, **kw: grids.append((self.kernel, grid))
-
-    monkeypatch.setattr(_bias_act, "launchable", Recorder)
+    _record_launches(monkeypatch, _bias_act, lambda kernel, grid, kw: grids.append((kernel, grid)))
     monkeypatch.setattr(_bias_act, "device_info", lambda x: (132, 9))
     with FakeTensorMode():
         x = torch.empty(4096, 4096, device="cuda", dtype=torch.bfloat16)
@@ -290,14 +297,7 @@ def test_a_bool_mask_over_2_byte_scores_on_an_nvidia_gpu_is_applied_in_ptx(monke
 
     kinds = []
 
-    class Recorder:
-        def __init__(self, kernel):
-            self.kernel = kernel
-
-        def __getitem__(self, grid):
-            return lambda *args, **kw: kinds.append(kw["MASK_KIND"])
-
-    monkeypatch.setattr(_softmax, "launchable", Recorder)
+    _record_launches(monkeypatch, _softmax, lambda kernel, grid, kw: kinds.append(kw["MASK_KIND"]))
     ptx, bool_, add = _softmax.MASK_BOOL_PTX, _softmax.MASK_BOOL, _softmax.MASK_ADD
     # 2048 (block), 12672 (pieces), 32768 (rows, heads innermost), 40000 (loop).
     cols = (2048, 12672, 32768, 40000)
@@ -359,14 +359,7 @@ def test_the_masked_fp32_forward_launches_heads_innermost_where_heads_share_its_
 
     launches, flags = [], []
 
-    class Recorder:
-        def __init__(self, kernel):
-            self.kernel = kernel
-
-        def __getitem__(self, grid):
-            return lambda *args, **kw: launches.append((self.kernel, grid, kw))
-
-    monkeypatch.setattr(_softmax, "launchable", Recorder)
+    _record_launches(monkeypatch, _softmax, lambda *launch: launches.append(launch))
 
     def launch(dtype, mask_shape, cols, **options):
         launches.clear()
