@@ -1,0 +1,146 @@
+"""Probe: the masked bf16 rows of 32768 with their bool mask copied as 64-bit words.
+
+    PYTHONPATH=src python3 benchmarks/mask_words_probe.py --out DIR
+
+What session 19 asked (issue 6): the masked bf16 forward at 4096 x 32768 runs at 78% of the copy
+in kiln's persistent rows kernel heads innermost (`_softmax.ROWS_HEADS_2BYTE`), where the same
+kernel without a mask runs at ~90%. Nsight Compute had both stalled mostly on the shared-memory
+queue (MIO); the mask adds, a thread a row, four 8-byte cp.async copies (x's layout gives a
+thread 8 columns, 8 mask bytes) and four 8-byte shared loads, and each mask byte is extracted
+and compared. This kernel (not kiln's; the rows kernel's structure, heads innermost, rows that
+fill the block) holds a row as [BLOCK_N / 8, 8] so each group of 8 columns is one 64-bit word of
+the mask: loaded as words (MODE 1) the mask's copies are 16 bytes, like x's, and each byte is
+tested in place (a shift and a mask by a constant an element, which ptxas makes one LOP3 with a
+predicate); MODE 0 loads the same layout's bool mask as kiln does. Each arm is checked against
+torch and timed with triton.testing.do_bench (median, L2 flushed) beside kiln's default launch
+and a device copy, in one process. Results: DIR/mask_words_probe.json with the environment; a
+table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from torchkiln.kernels._softmax import (  # noqa: E402
+    _exp_factor,
+    _finite,
+    _heads_inner_row,
+    _inverse,
+)
+
+
+@triton.jit
+def _rows_words(
+    x_ptr, y_ptr, m_ptr, M, N, Q, smb, smh, smq, scale,
+    BLOCK_N: tl.constexpr, STAGES: tl.constexpr, HEADS: tl.constexpr, MODE: tl.constexpr,
+):  # fmt: skip
+    # Rows pid, pid + G, ... taken heads innermost (HEADS > 1), each [BLOCK_N / 8, 8] with
+    # N == BLOCK_N; a positive scale rides in exp2's argument, as kiln's POS_SCALE.
+    c = _exp_factor(scale, True)
+    G: tl.constexpr = BLOCK_N // 8
+    g = tl.arange(0, G)
+    k = tl.arange(0, 8)[None, :]
+    cols = g[:, None] * 8 + k
+    for r in tl.range(tl.program_id(0), M, tl.num_programs(0), num_stages=STAGES):
+        row, m_off = _heads_inner_row(r, Q, smb, smh, smq, HEADS)
+        row = row.to(tl.int64)
+        z = tl.load(x_ptr + row * N + cols).to(tl.float32)
+        if MODE == 1:
+            words = (m_ptr + m_off).to(tl.pointer_type(tl.int64), bitcast=True)
+            w = tl.load(words + g)
+            keep = ((w[:, None] >> (8 * k)) & 0xFF) != 0
+        else:
+            keep = tl.load(m_ptr + m_off + cols) != 0
+        z = tl.where(keep, z, float("-inf"))
+        mx = _finite(tl.max(tl.max(z, 1), 0))
+        e = tl.exp2(z * c - mx * c)
+        inv = _inverse(tl.sum(tl.sum(e, 1), 0), True)
+        tl.store(y_ptr + row * N + cols, (e * inv).to(y_ptr.dtype.element_ty))
+
+
+def launch(x, mask, scale, mode, warps, stages, per_sm, heads):
+    """softmax(scale * x masked) over rows of x [1, H, Q, N] and a bool mask [1, 1, Q, N]."""
+    y = torch.empty_like(x)
+    n = x.shape[-1]
+    q = x.shape[-2]
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    _rows_words[(per_sm * sms,)](
+        x, y, mask, x.numel() // n, n, q, 0, 0, mask.stride(-2), scale,
+        BLOCK_N=n, STAGES=stages, HEADS=heads, MODE=mode, num_warps=warps,
+    )  # fmt: skip
+    return y
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--rows", type=int, default=4096)
+    p.add_argument("--cols", type=int, default=32768)
+    p.add_argument("--heads", type=int, default=8)
+    args = p.parse_args()
+    from torchkiln.kernels import functional as F
+    from torchkiln.measure.environment import collect
+
+    if not torch.cuda.is_available():
+        print("mask_words_probe: needs a CUDA GPU", file=sys.stderr)
+        raise SystemExit(2)
+    args.out.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    h, q, n = args.heads, args.rows // args.heads, args.cols
+    x = torch.randn((1, h, q, n), generator=gen, device="cuda").to(torch.bfloat16)
+    mask = torch.rand((1, 1, q, n), generator=gen, device="cuda") < 0.9
+    mask[0, 0, 3] = False  # a fully masked row: zeros
+    scale = 0.125
+    ref = torch.softmax((x.float() * scale).masked_fill(~mask, float("-inf")), -1).nan_to_num(0.0)
+    dst = torch.empty_like(x)
+    copy_ms = triton.testing.do_bench(lambda: dst.copy_(x))
+    copy_bytes = 2 * x.numel() * 2
+    nbytes = copy_bytes + mask.numel()
+    results: list[dict] = []
+    t0 = time.time()
+
+    def record(name, fn):
+        try:
+            err = ((fn().float() - ref).abs().max() / ref.abs().max()).item()
+            ms = triton.testing.do_bench(fn) if err < 3e-2 else None
+            status = "ok" if ms is not None else f"wrong (max error {err:.3g})"
+        except Exception as e:  # noqa: BLE001 - a failed arm is reported with its reason, the rest run on
+            ms, err, status = None, None, f"{type(e).__name__}: {str(e)[:200]}"
+        # Bandwidth against the copy's, as bench_kernels.py counts it (the mask's bytes included).
+        pct = 100 * (nbytes / ms) / (copy_bytes / copy_ms) if ms else None
+        results.append({"arm": name, "ms": ms, "max_error": err, "status": status,
+                        "bytes": nbytes, "pct_of_copy": pct})  # fmt: skip
+        shown = f"{pct:5.1f}%" if pct else status
+        print(f"[{time.time() - t0:6.1f}s] {name:40s} {shown}", flush=True)
+
+    record("kiln default", lambda: F.masked_softmax(x, mask, scale))
+    for mode in (1, 0):
+        for warps, per_sm, stages in ((32, 1, 3), (16, 1, 3), (16, 2, 3), (32, 1, 2)):
+            name = f"{'words' if mode else 'bool'} w{warps} {per_sm}/SM s{stages}"
+            record(name, lambda m=mode, w=warps, s=stages, pps=per_sm: launch(
+                x, mask, scale, m, w, s, pps, h))  # fmt: skip
+    record("kiln default (again)", lambda: F.masked_softmax(x, mask, scale))
+    doc = {"schema": "kiln.mask_words_probe/1", "environment": collect("cuda"), "rows": args.rows,
+           "cols": n, "heads": h, "copy_ms": copy_ms, "results": results}  # fmt: skip
+    (args.out / "mask_words_probe.json").write_text(json.dumps(doc, indent=2, default=str))
+    print(
+        f"\nbf16 {args.rows} x {n}, bool [1, 1, Q, K] mask, % of the copy ({copy_ms * 1e3:.1f} us)"
+    )
+    for r in results:
+        shown = f"{r['pct_of_copy']:5.1f}" if r["pct_of_copy"] else r["status"]
+        print(f"  {r['arm']:40s} {shown}")
+
+
+if __name__ == "__main__":
+    main()
