@@ -299,7 +299,8 @@ def test_a_bool_mask_over_2_byte_scores_on_an_nvidia_gpu_is_applied_in_ptx(monke
 
     _record_launches(monkeypatch, _softmax, lambda kernel, grid, kw: kinds.append(kw["MASK_KIND"]))
     ptx, bool_, add = _softmax.MASK_BOOL_PTX, _softmax.MASK_BOOL, _softmax.MASK_ADD
-    # 2048 (block), 12672 (pieces), 32768 (rows, heads innermost), 40000 (loop).
+    # 2048 (block), 12672 (pieces), 32768 (rows, heads innermost: fake tensors never take the
+    # words kernel, words_mask), 40000 (loop).
     cols = (2048, 12672, 32768, 40000)
     with FakeTensorMode():
         for dtype, expected in (
@@ -409,18 +410,34 @@ def test_the_masked_fp32_forward_launches_heads_innermost_where_heads_share_its_
     assert launch(fp32, (1, 1, 3), 32768, heads_inner=False)[0] is rows
     assert launch(fp32, (1, 1, 3), 32768, rows_config=(4, 1, 2))[0] is rows
     # The 2-byte bool-masked forward there: rows of exactly 32768 whose heads share the mask
-    # take the rows kernel heads innermost, unpredicated, its mask at x's width (8 columns;
-    # session 19, ROWS_HEADS_2BYTE), one 32-warp program an SM (a grid of 2 on the CPU's
-    # stand-in of 2 SMs); padded rows and a mask per head the 32-warp block, predicated, with
-    # MASK_VEC (heads innermost where shared), unless told otherwise; at 16384 the block heads
-    # innermost with EVEN and MASK_VEC at 8 warps.
-    assert launch(bf16, (1, 1, 3), 32768) == (rows, (2,), 4, 32)
+    # take the rows kernel heads innermost, its mask read as 64-bit words (session 19,
+    # ROWS_HEADS_2BYTE, _softmax_fwd_rows_words), one 32-warp program an SM (a grid of 2 on the
+    # CPU's stand-in of 2 SMs); where the mask cannot be read as words (not on 8 bytes), the
+    # rows kernel with its bool bytes, unpredicated, at x's width (8 columns); padded rows and a
+    # mask per head the 32-warp block, predicated, with MASK_VEC (heads innermost where shared),
+    # unless told otherwise; at 16384 the block heads innermost with EVEN and MASK_VEC at 8 warps.
+    words = _softmax._softmax_fwd_rows_words
+    assert launch(bf16, (1, 1, 3), 32768) == (words, (2,), 4, 32)
+    assert launch(bf16, (1, 1, 3), 32768, mask_words=False) == (rows, (2,), 4, 32)
     assert flags[-1] == (True, 8)
+    launches.clear()
+    x = torch.zeros(1, 4, 3, 32768, dtype=bf16)
+    odd = torch.ones(3 * 32768 + 1, dtype=torch.bool)[1:].view(1, 1, 3, 32768)  # 1 byte in
+    _softmax.softmax_forward(x, odd, 0.5, True)
+    assert launches[-1][0] is rows
+    strided = torch.ones(1, 1, 3, 2 * 32768, dtype=torch.bool)[..., ::2]  # stride 2 along K
+    _softmax.softmax_forward(x, strided, 0.5, True)
+    assert launches[-1][0] is rows
+    assert _softmax.words_mask(odd, (0, 0, 32768, 1), 32768) is False
+    assert _softmax.words_mask(strided, (0, 0, 65536, 2), 32768) is False
+    shared = torch.ones(1, 1, 3, 32768, dtype=torch.bool)
+    assert _softmax.words_mask(shared, (0, 0, 32768, 1), 32768) is True
+    assert _softmax.words_mask(shared, (0, 0, 32764, 1), 32768) is False  # rows 4 bytes apart
     assert launch(bf16, (1, 1, 3), 20000) == (block, (12,), 4, 32)
     assert flags[-1] == (False, 8)
     assert launch(bf16, (1, 4, 3), 32768) == (block, (12,), 0, 32)  # a mask per head
     assert flags[-1] == (False, 8)
-    launch(bf16, (1, 1, 3), 32768, even=False, mask_vec=False)
+    launch(bf16, (1, 1, 3), 32768, even=False, mask_vec=False, mask_words=False)
     assert flags[-1] == (False, 0)
     assert launch(bf16, (1, 1, 3), 32768, heads_inner=False) == (block, (12,), 0, 32)
     launch(bf16, (1, 4, 3), 32768, even=True, mask_vec=False)
@@ -582,6 +599,25 @@ def test_the_fast_gelu_takes_the_hardware_approximations():
         ptx = _compile(_bias_act._bias_act_fwd, fwd, consts, warps).asm["ptx"]
         assert ("rcp.approx.ftz.f32" in ptx) is fast and ("div.full.f32" in ptx) is not fast
         assert "ex2.approx.ftz.f32" in ptx or not fast
+
+
+@pytest.mark.parametrize("pos_scale", [False, True])
+def test_the_rows_kernel_reading_its_mask_as_words_copies_16_bytes_and_fits(pos_scale):
+    # ROWS_HEADS_2BYTE's launch of _softmax_fwd_rows_words at 32768 bf16 columns, heads
+    # innermost, compiled as the launcher specialises aligned inputs: no spills, the pipeline's
+    # two buffers (x's 64 KB and the mask's 32 KB a row) within the 227 KB a Hopper program may
+    # take, and every copy into shared memory 16 bytes (the bool mask at x's width copies 8).
+    warps, _, stages = _softmax.rows_heads_inner(32768, _softmax.MASK_BOOL, 2)
+    sig = {"x_ptr": "*bf16", "y_ptr": "*bf16", **ROW_ARGS, **MASK_ARGS}
+    del sig["smk"]
+    consts = {"SAFE": True, "BLOCK_N": 32768, "STAGES": stages, "smk": 1,
+              "POS_SCALE": pos_scale, "MASK_DIMS": 4, "HEADS_INNER": 8}  # fmt: skip
+    compiled = _compile(_softmax._softmax_fwd_rows_words, sig, consts, warps, aligned=ALIGNED)
+    assert _ptxas_spills(compiled) == 0
+    assert compiled.metadata.shared <= 227 * 1024
+    sizes = re.findall(r"cp\.async\.c[ag]\.shared\.global\S* \[[^\]]+\], \[[^\]]+\], (\w+)",
+                       compiled.asm["ptx"])  # fmt: skip
+    assert sizes and set(sizes) == {"0x10"} or set(sizes) == {"16"}, sizes
 
 
 @pytest.mark.parametrize("pos_scale", [False, True])

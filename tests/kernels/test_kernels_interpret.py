@@ -180,6 +180,27 @@ def test_rows_kernel_heads_innermost_computes_the_same_softmax(interpreted, dtyp
             assert torch.equal(y[1, :, 1], torch.zeros(3, cols, dtype=dtype)), what
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_rows_kernel_reading_its_mask_as_words_computes_the_same_softmax(interpreted, dtype):
+    # _softmax_fwd_rows_words (the mask's 8 bytes a group of 8 columns read as one 64-bit word),
+    # two programs over 2 batches x 3 heads x 5 queries of 64 columns: heads innermost with a
+    # mask the heads share (differing by batch and query), and in the default order with a
+    # mask per head; a fully masked row, a row masked past its 7th column, both signs of the
+    # scale.
+    x = _randn((2, 3, 5, 64), dtype, seed=11)
+    gen = torch.Generator().manual_seed(5)
+    for mask_shape, inner in (((2, 1, 5, 64), True), ((2, 3, 5, 64), False)):
+        mask = torch.rand(mask_shape, generator=gen) < 0.7
+        mask[1, 0, 1] = False
+        mask[0, 0, 2, 7:] = False
+        for scale in (0.5, -0.5):
+            y = interpreted("_softmax", "softmax_forward", x, mask, scale, True, heads_inner=inner,
+                            mask_words=True, **ROWS)  # fmt: skip
+            what = f"mask {mask_shape}, scale {scale}"
+            assert_close(y, masked_softmax_ref(x, mask, scale), dtype, what)
+            assert torch.equal(y[1, 0, 1], torch.zeros(64, dtype=dtype)), what
+
+
 @pytest.mark.parametrize(
     "kw",
     [{"loop_l2_hints": True}, {"loop_chunk_stats": True, "loop_maxnreg": 32}],

@@ -95,6 +95,11 @@ ROWS_LOOP = {(False, 2): (32, 1, 3), (True, 4): (32, 1, 1)}
 # on the shared-memory queue (MIO). Padded rows (predicated) ran level with the block (76):
 # they keep it.
 ROWS_HEADS_2BYTE = (32, 1, 3)
+# There, where the mask allows it (words_mask: contiguous along K, every row on 8 bytes), the rows
+# kernel reads the mask as 64-bit words (_softmax_fwd_rows_words). H200, session 19
+# (benchmarks/mask_words_probe.py, kernels-h200/session19/words/, the same shape, % of the copy):
+# 88.3 at (32, 1, 3), 88.5 at (16, 1, 3), 87.6 at (16, 2, 3), against 77.8-77.9 for the same
+# kernel reading its bool mask bytes and 78.7 for kiln's launch then (this rows kernel, bool).
 # Rows of 8193-16383 elements, whose 16384-element block is padded, held as full pieces of
 # PIECE_N elements loaded without predicates and a predicated tail (_softmax_fwd_pieces,
 # pieces_config): at 12672 three pieces and a 512-element tail, 12800 lanes against the block's
@@ -508,6 +513,44 @@ def _softmax_fwd_rows(
 
 
 @triton.jit
+def _softmax_fwd_rows_words(
+    x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale,
+    SAFE: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
+    MASK_DIMS: tl.constexpr = 7, POS_SCALE: tl.constexpr = False, HEADS_INNER: tl.constexpr = 0,
+):  # fmt: skip
+    # _softmax_fwd_rows with a bool mask read as 64-bit words: each row is held as
+    # [BLOCK_N / 8, 8], so a group of 8 columns (16 bytes of bf16 scores) has its 8 mask bytes
+    # in one word, copied into shared memory 16 bytes a thread like x (the bool mask at x's
+    # width is 8-byte copies), and each byte is tested where it lies (a shift and a mask by
+    # a constant an element: one LOP3 writing a predicate, sm_90 SASS). Rows fill the block
+    # (N == BLOCK_N), the mask is contiguous along K (smk == 1 is not read) and every mask row
+    # starts on 8 bytes (words_mask). Where it runs and why: ROWS_HEADS_2BYTE.
+    xf = _x_factor(scale, POS_SCALE)
+    c = _exp_factor(scale, POS_SCALE)
+    G: tl.constexpr = BLOCK_N // 8
+    g = tl.arange(0, G)
+    k = tl.arange(0, 8)[None, :]
+    cols = g[:, None] * 8 + k
+    for r in tl.range(tl.program_id(0), M, tl.num_programs(0), num_stages=STAGES):
+        if HEADS_INNER > 0:
+            row, m_off = _heads_inner_row(r, Q, smb, smh, smq, HEADS_INNER)
+            row = row.to(tl.int64)
+        else:
+            row = r + tl.full([], 0, tl.int64)  # int64 addressing (the interpreter gives an int)
+            m_off = _mask_row_offset(row, H, Q, smb, smh, smq, MASK_DIMS)
+        z = tl.load(x_ptr + row * N + cols).to(tl.float32)
+        if not POS_SCALE:
+            z = z * xf
+        words = (m_ptr + m_off).to(tl.pointer_type(tl.int64), bitcast=True)
+        w = tl.load(words + g)
+        z = tl.where(((w[:, None] >> (8 * k)) & 0xFF) != 0, z, float("-inf"))
+        row_max = _finite(tl.max(tl.max(z, axis=1), axis=0))
+        e = _exp2_shifted(z, row_max, c, POS_SCALE)
+        inv = _inverse(tl.sum(tl.sum(e, axis=1), axis=0), SAFE)
+        tl.store(y_ptr + row * N + cols, (e * inv).to(y_ptr.dtype.element_ty))
+
+
+@triton.jit
 def _softmax_fwd_loop(
     x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale,
     MASK_KIND: tl.constexpr, SAFE: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -689,6 +732,20 @@ def kernel_kind(kind: int, x: torch.Tensor) -> int:
     return kind
 
 
+def words_mask(mask: torch.Tensor, strides: tuple[int, ...], n_cols: int) -> bool:
+    """Whether a bool `mask`, addressed by `strides` (mask_layout's) over rows of `n_cols`, can
+    be read as 64-bit words: contiguous along K and every row starting on 8 bytes. Never for a
+    traced mask (torch.compile's fake tensors): the launch chosen there is replayed on whatever
+    address the real mask has, and the words kernel needs its 8-byte alignment."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    if mask.dtype != torch.bool or strides[3] != 1 or n_cols % 8:
+        return False
+    if torch.compiler.is_compiling() or is_fake(mask):
+        return False
+    return mask.data_ptr() % 8 == 0 and all(s % 8 == 0 for s in strides[:3])
+
+
 def shared_by_heads(dims: int, heads: int) -> bool:
     """Whether a mask (MASK_DIMS `dims`) is shared by several heads and differs by query."""
     shared = dims & MASK_ALONG_Q and not dims & (MASK_ALONG_H | MASK_FLAT)
@@ -817,6 +874,7 @@ def softmax_forward(
     mask_vec: bool | None = None,
     even: bool | None = None,
     pieces: tuple[int, int, int, int, bool, bool] | bool | None = None,
+    mask_words: bool | None = None,
 ) -> torch.Tensor:
     """softmax(scale * x + mask) over the last dim of a contiguous `x`.
 
@@ -835,13 +893,15 @@ def softmax_forward(
     leaves it to heads_inner_order (a masked forward whose heads share the mask, where that
     measured faster), which goes before ROWS_LOOP; heads innermost, 2-byte rows of exactly 32768
     with a bool mask take the rows kernel (rows_heads_inner), with MASK_VEC and EVEN unless
-    told. `even` (no predicates; only where rows fill the block and the grid) and `mask_vec`
-    (the mask at x's load width) choose the block's (and an explicit rows kernel's) EVEN and
-    MASK_VEC; None leaves them to even_block and, for MASK_VEC, to the heads-innermost
-    forward with EVEN and to wide_mask_vec (which also turns EVEN off). `pieces` (piece,
-    pieces, tail, warps, heads innermost, MASK_VEC) sends rows to _softmax_fwd_pieces (tests,
-    benchmarks), False never; None leaves it to pieces_config (padded rows of 8193-16383), which
-    goes before everything else.
+    told, and read their mask as 64-bit words where words_mask allows (`mask_words`: True sends
+    a bool mask over rows that fill the block to _softmax_fwd_rows_words wherever the rows kernel
+    runs, tests; False never). `even` (no predicates; only where rows fill the block and the
+    grid) and `mask_vec` (the mask at x's load width) choose the block's (and an explicit rows
+    kernel's) EVEN and MASK_VEC; None leaves them to even_block and, for MASK_VEC, to the
+    heads-innermost forward with EVEN and to wide_mask_vec (which also turns EVEN off). `pieces`
+    (piece, pieces, tail, warps, heads innermost, MASK_VEC) sends rows to _softmax_fwd_pieces
+    (tests, benchmarks), False never; None leaves it to pieces_config (padded rows of
+    8193-16383), which goes before everything else.
     """
     y, kind, common = forward_args(x, mask, scale)
     if x.numel() == 0:
@@ -868,7 +928,7 @@ def softmax_forward(
     if heads_inner is None:
         heads_inner = not explicit and heads_inner_order(n, dims, itemsize, h, kind)
     heads = h if heads_inner and h > 1 and n <= max_block_n else 0
-    rows_vec, rows_even = mask_vec, even
+    rows_vec, rows_even, rows_words = mask_vec, even, bool(mask_words)
     if not explicit and max_block_n == MAX_BLOCK_N:
         if not heads:
             rows_config = rows_loop(n, masked, itemsize)
@@ -876,6 +936,8 @@ def softmax_forward(
             rows_config = rows_heads_inner(n, kind, itemsize)
             rows_vec = True if mask_vec is None else mask_vec
             rows_even = True if even is None else even
+            if mask_words is None and rows_config is not None:
+                rows_words = words_mask(mask, common[7:11], n)
     if rows_config is not None:
         sms, major = device_info(x)
         # ROWS_LOOP was measured on an H200 only, and its 3-stage pipeline takes 128 KB of shared
@@ -884,6 +946,12 @@ def softmax_forward(
         if explicit or major >= 9:
             warps, per_sm, stages = rows_config
             block_n = next_power_of_2(n)
+            if rows_words and kind == MASK_BOOL and n == block_n:
+                launchable(_softmax_fwd_rows_words)[(per_sm * sms,)](
+                    *common, SAFE=safe, BLOCK_N=block_n, STAGES=stages, MASK_DIMS=dims,
+                    POS_SCALE=pos_scale, HEADS_INNER=heads, num_warps=warps,
+                )  # fmt: skip
+                return y
             vec = 16 // itemsize if rows_vec and masked else 0
             # Every program takes rows in turn: a grid larger than the rows adds programs that
             # exit at once.
