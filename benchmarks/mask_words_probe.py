@@ -7,14 +7,15 @@ in kiln's persistent rows kernel heads innermost (`_softmax.ROWS_HEADS_2BYTE`), 
 kernel without a mask runs at ~90%. Nsight Compute had both stalled mostly on the shared-memory
 queue (MIO); the mask adds, a thread a row, four 8-byte cp.async copies (x's layout gives a
 thread 8 columns, 8 mask bytes) and four 8-byte shared loads, and each mask byte is extracted
-and compared. This kernel (not kiln's; the rows kernel's structure, heads innermost, rows that
-fill the block) holds a row as [BLOCK_N / 8, 8] so each group of 8 columns is one 64-bit word of
-the mask: loaded as words (MODE 1) the mask's copies are 16 bytes, like x's, and each byte is
-tested in place (a shift and a mask by a constant an element, which ptxas makes one LOP3 with a
-predicate); MODE 0 loads the same layout's bool mask as kiln does. Each arm is checked against
+and compared. The "words" arms hold a row as [BLOCK_N / 8, 8], so each group of 8 columns is one
+64-bit word of the mask, loaded as words: the mask's copies are 16 bytes, like x's, and each byte
+is tested in place (a shift and a mask by a constant an element, which ptxas makes one LOP3 with
+a predicate). This probe wrote that kernel first; since kiln a695108 it is kiln's
+`_softmax_fwd_rows_words`, which the "words" arms now launch. The "bool" arms run this probe's
+kernel: the same layout and row order reading the mask's bytes. Each arm is checked against
 torch and timed with triton.testing.do_bench (median, L2 flushed) beside kiln's default launch
-and a device copy, in one process. Results: DIR/mask_words_probe.json with the environment; a
-table last.
+(since a695108 the words kernel itself) and a device copy, in one process. Results:
+DIR/mask_words_probe.json with the environment; a table last.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from torchkiln.kernels import _softmax as ks  # noqa: E402
 from torchkiln.kernels._softmax import (  # noqa: E402
     _exp_factor,
     _finite,
@@ -41,12 +43,14 @@ from torchkiln.kernels._softmax import (  # noqa: E402
 
 
 @triton.jit
-def _rows_words(
+def _rows_bytes(
     x_ptr, y_ptr, m_ptr, M, N, Q, smb, smh, smq, scale,
-    BLOCK_N: tl.constexpr, STAGES: tl.constexpr, HEADS: tl.constexpr, MODE: tl.constexpr,
+    BLOCK_N: tl.constexpr, STAGES: tl.constexpr, HEADS: tl.constexpr,
 ):  # fmt: skip
-    # Rows pid, pid + G, ... taken heads innermost (HEADS > 1), each [BLOCK_N / 8, 8] with
-    # N == BLOCK_N; a positive scale rides in exp2's argument, as kiln's POS_SCALE.
+    # The words kernel's layout with the mask read as bytes (the probe's "bool" arms; the
+    # "words" arms run kiln's _softmax_fwd_rows_words, which this probe wrote first): rows pid,
+    # pid + G, ... heads innermost, each [BLOCK_N / 8, 8] with N == BLOCK_N; a positive scale
+    # rides in exp2's argument, as kiln's POS_SCALE.
     c = _exp_factor(scale, True)
     G: tl.constexpr = BLOCK_N // 8
     g = tl.arange(0, G)
@@ -56,13 +60,7 @@ def _rows_words(
         row, m_off = _heads_inner_row(r, Q, smb, smh, smq, HEADS)
         row = row.to(tl.int64)
         z = tl.load(x_ptr + row * N + cols).to(tl.float32)
-        if MODE == 1:
-            words = (m_ptr + m_off).to(tl.pointer_type(tl.int64), bitcast=True)
-            w = tl.load(words + g)
-            keep = ((w[:, None] >> (8 * k)) & 0xFF) != 0
-        else:
-            keep = tl.load(m_ptr + m_off + cols) != 0
-        z = tl.where(keep, z, float("-inf"))
+        z = tl.where(tl.load(m_ptr + m_off + cols) != 0, z, float("-inf"))
         mx = _finite(tl.max(tl.max(z, 1), 0))
         e = tl.exp2(z * c - mx * c)
         inv = _inverse(tl.sum(tl.sum(e, 1), 0), True)
@@ -70,14 +68,22 @@ def _rows_words(
 
 
 def launch(x, mask, scale, mode, warps, stages, per_sm, heads):
-    """softmax(scale * x masked) over rows of x [1, H, Q, N] and a bool mask [1, 1, Q, N]."""
+    """softmax(scale * x masked) over rows of x [1, H, Q, N] and a bool mask [1, 1, Q, N]: mode
+    1 kiln's words kernel, 0 this probe's kernel reading the mask's bytes."""
     y = torch.empty_like(x)
     n = x.shape[-1]
     q = x.shape[-2]
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-    _rows_words[(per_sm * sms,)](
+    grid = (per_sm * torch.cuda.get_device_properties(x.device).multi_processor_count,)
+    if mode == 1:
+        ks._softmax_fwd_rows_words[grid](
+            x, y, mask, x.numel() // n, n, heads, q, 0, 0, mask.stride(-2), 1, scale, SAFE=True,
+            BLOCK_N=n, STAGES=stages, MASK_DIMS=4, POS_SCALE=scale > 0, HEADS_INNER=heads,
+            num_warps=warps,
+        )  # fmt: skip
+        return y
+    _rows_bytes[grid](
         x, y, mask, x.numel() // n, n, q, 0, 0, mask.stride(-2), scale,
-        BLOCK_N=n, STAGES=stages, HEADS=heads, MODE=mode, num_warps=warps,
+        BLOCK_N=n, STAGES=stages, HEADS=heads, num_warps=warps,
     )  # fmt: skip
     return y
 

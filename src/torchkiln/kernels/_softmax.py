@@ -99,7 +99,8 @@ ROWS_HEADS_2BYTE = (32, 1, 3)
 # kernel reads the mask as 64-bit words (_softmax_fwd_rows_words). H200, session 19
 # (benchmarks/mask_words_probe.py, kernels-h200/session19/words/, the same shape, % of the copy):
 # 88.3 at (32, 1, 3), 88.5 at (16, 1, 3), 87.6 at (16, 2, 3), against 77.8-77.9 for the same
-# kernel reading its bool mask bytes and 78.7 for kiln's launch then (this rows kernel, bool).
+# kernel reading its bool mask bytes and 78.7 for kiln's launch then (this rows kernel, bool);
+# through the API (words-api/, bench_kernels.py) 88.9, where every table before read 75-78.
 # Rows of 8193-16383 elements, whose 16384-element block is padded, held as full pieces of
 # PIECE_N elements loaded without predicates and a predicated tail (_softmax_fwd_pieces,
 # pieces_config): at 12672 three pieces and a 512-element tail, 12800 lanes against the block's
@@ -478,6 +479,20 @@ def _softmax_fwd_pieces(
 
 
 @triton.jit
+def _taken_row(r, H, Q, smb, smh, smq, DIMS: tl.constexpr, HEADS_INNER: tl.constexpr):
+    # The persistent kernels' r-th row (int64) and its mask row's offset: in order, or heads
+    # innermost as the block's HEADS_INNER (the rows in flight together, one a program, are a
+    # few queries' heads, so each mask row is read once from DRAM, not once a head).
+    if HEADS_INNER > 0:
+        row, m_off = _heads_inner_row(r, Q, smb, smh, smq, HEADS_INNER)
+        row = row.to(tl.int64)
+    else:
+        row = r + tl.full([], 0, tl.int64)  # int64 addressing (the interpreter gives an int)
+        m_off = _mask_row_offset(row, H, Q, smb, smh, smq, DIMS)
+    return row, m_off
+
+
+@triton.jit
 def _softmax_fwd_rows(
     x_ptr, y_ptr, m_ptr, M, N, H, Q, smb, smh, smq, smk, scale,
     MASK_KIND: tl.constexpr, SAFE: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
@@ -497,14 +512,7 @@ def _softmax_fwd_rows(
     col_ok = tl.full([BLOCK_N], 1, tl.int1) if EVEN else cols < N
     m_cols = tl.max_contiguous(tl.arange(0, BLOCK_N), MASK_VEC) if MASK_VEC > 0 else cols
     for r in tl.range(tl.program_id(0), M, tl.num_programs(0), num_stages=STAGES):
-        if HEADS_INNER > 0:
-            # As the block's HEADS_INNER: the rows in flight together (one a program) are
-            # a few queries' heads, so each mask row is read once from DRAM, not once a head.
-            row, m_off = _heads_inner_row(r, Q, smb, smh, smq, HEADS_INNER)
-            row = row.to(tl.int64)
-        else:
-            row = r + tl.full([], 0, tl.int64)  # int64 addressing (the interpreter gives an int)
-            m_off = _mask_row_offset(row, H, Q, smb, smh, smq, MASK_DIMS)
+        row, m_off = _taken_row(r, H, Q, smb, smh, smq, MASK_DIMS, HEADS_INNER)
         m_row = m_ptr + m_off
         m_ptrs = m_row + m_cols * smk
         z = _scores(x_ptr + row * N + cols, m_ptrs, col_ok, col_ok, xf, mf, MASK_KIND, POS_SCALE)
@@ -532,12 +540,7 @@ def _softmax_fwd_rows_words(
     k = tl.arange(0, 8)[None, :]
     cols = g[:, None] * 8 + k
     for r in tl.range(tl.program_id(0), M, tl.num_programs(0), num_stages=STAGES):
-        if HEADS_INNER > 0:
-            row, m_off = _heads_inner_row(r, Q, smb, smh, smq, HEADS_INNER)
-            row = row.to(tl.int64)
-        else:
-            row = r + tl.full([], 0, tl.int64)  # int64 addressing (the interpreter gives an int)
-            m_off = _mask_row_offset(row, H, Q, smb, smh, smq, MASK_DIMS)
+        row, m_off = _taken_row(r, H, Q, smb, smh, smq, MASK_DIMS, HEADS_INNER)
         z = tl.load(x_ptr + row * N + cols).to(tl.float32)
         if not POS_SCALE:
             z = z * xf
