@@ -357,6 +357,20 @@ phases-kernels-final)
   job kernel_host_path 90 python3 benchmarks/kernel_host_path.py --out "$ROOT/host" --cols 2048
   echo "$(date +%T) all done" >>"$ROOT/status.txt"
   ;;
+phases-kernels-words)
+  # One GPU, ~7 minutes (for session 20): kernels-final's tests, table and host path at the code
+  # with the masked bf16 rows reading their mask as 64-bit words (session 19 measured only that
+  # row there), then the words kernel beside the bool rows kernel at 16384 and 32768, heads
+  # innermost and in the default order (kernel_configs.py's words arms).
+  nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
+  job kernels_tests 200 python3 -m pytest -q -m gpu tests/kernels
+  job kernels 270 python3 benchmarks/bench_kernels.py --out "$ROOT/kernels" --budget-s 230
+  job kernel_host_path 90 python3 benchmarks/kernel_host_path.py --out "$ROOT/host" --cols 2048
+  job kernel_configs 150 python3 benchmarks/kernel_configs.py --out "$ROOT/configs" --even-arms \
+    --even-rows 32:1:3:1 16:1:3:1 32:1:3 16:2:3:1 --kinds bool --dtypes bf16 --cols 32768 16384 \
+    --no-bias-act --budget-s 130
+  echo "$(date +%T) all done" >>"$ROOT/status.txt"
+  ;;
 phases-bias-tiles)
   # One GPU, ~2 minutes (session 14): the bias_act_scale forward's tiles (kernel_configs.py
   # BIAS_FWD_TILES) and the host path's compiled-launcher rung after its fix.

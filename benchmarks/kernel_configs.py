@@ -329,6 +329,20 @@ def _even_arms(
 
             name = f"rows w{rows_warps} {per_sm}/SM s{stages}{' heads-inner' if rows_heads else ''}"
             arms.append((name + suffix, rows_variant))
+        if case["mask_kind"] == ks.MASK_BOOL and cols == block_n and not case.get("kernel_kind"):
+            # Session 19: the same rows reading the mask as 64-bit words
+            # (_softmax_fwd_rows_words; the bench's mask is contiguous along K, rows 8-byte
+            # aligned).
+            words_kw = {k: v for k, v in kw.items() if k != "MASK_KIND"}
+
+            def rows_words(w: int = rows_warps, g: int = min(ROWS, per_sm * sms),
+                           st: int = stages, h: int = rows_heads,
+                           k: dict = words_kw) -> None:  # fmt: skip
+                launch = ks._softmax_fwd_rows_words[(g,)]
+                launch(*args, **k, BLOCK_N=block_n, STAGES=st, num_warps=w, HEADS_INNER=h)
+
+            name = f"rows w{rows_warps} {per_sm}/SM s{stages}{' heads-inner' if rows_heads else ''}"
+            arms.append((name + " words", rows_words))
     for piece, piece_warps in pieces:
         # Session 17: the row as full pieces without predicates and a predicated tail
         # (_softmax_fwd_pieces), in the default order and heads innermost, with and without
@@ -360,15 +374,18 @@ def _even_arms(
         arms.append((f"rows w{rows_warps} {per_sm}/SM s{stages} (ROWS_LOOP)", rows_kernel))
     rows = ks.rows_heads_inner(cols, case["mask_kind"], itemsize) if heads else None
     if rows is not None:
+        # The launcher's choice there: the rows read as 64-bit words (since session 19's
+        # a695108; the bench's mask allows it, words_mask).
         rows_warps, per_sm, stages = rows
         grid = per_sm * torch.cuda.get_device_properties(x.device).multi_processor_count
-        flags = {"HEADS_INNER": heads, "MASK_VEC": 16 // itemsize, "EVEN": True}
+        words_kw = {k: v for k, v in kw.items() if k != "MASK_KIND"}
 
         def rows_heads() -> None:
-            launch = ks._softmax_fwd_rows[(min(ROWS, grid),)]
-            launch(*args, **kw, BLOCK_N=block_n, STAGES=stages, num_warps=rows_warps, **flags)
+            launch = ks._softmax_fwd_rows_words[(min(ROWS, grid),)]
+            launch(*args, **words_kw, BLOCK_N=block_n, STAGES=stages, num_warps=rows_warps,
+                   HEADS_INNER=heads)  # fmt: skip
 
-        name = f"rows w{rows_warps} {per_sm}/SM s{stages} heads-inner vec even (ROWS_HEADS_2BYTE)"
+        name = f"rows w{rows_warps} {per_sm}/SM s{stages} heads-inner words (ROWS_HEADS_2BYTE)"
         arms.append((name, rows_heads))
     return arms
 
@@ -671,7 +688,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--even-rows", nargs="*", default=[], metavar="W:P:S[:H]",
                    help="with --even-arms: the rows kernel at warps:programs an SM:stages "
                         "(H 1: heads innermost where masked), plain, EVEN, MASK_VEC, "
-                        "both")  # fmt: skip
+                        "both, and with a bool mask over rows that fill the block the words "
+                        "kernel (_softmax_fwd_rows_words)")  # fmt: skip
     p.add_argument("--pieces", nargs="*", default=[], metavar="P:W",
                    help="with --even-arms: padded rows as full pieces of P elements and a tail, "
                    "at W warps (session 17)")  # fmt: skip
