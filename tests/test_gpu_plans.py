@@ -21,7 +21,7 @@ QUEUE = ROOT / "benchmarks" / "h200_queue.sh"
 PLANS = [
     "session2", "zoo", "zoo-rest", "tune", "tune-infer", "tune-train", "leftovers", "session6",
     "tune-parallel", "tune-parallel-train", "kernels", "kernels-retune", "kernels-final",
-    "bias-tiles", "kernels-heads",
+    "bias-tiles", "kernels-heads", "kernels-words",
 ]  # fmt: skip
 
 # Runs a script as __main__ but stops at its first parse_args: exit 0 if the options parse,
