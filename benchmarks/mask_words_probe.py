@@ -33,6 +33,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from probe_arms import time_arm  # noqa: E402
 from torchkiln.kernels import _softmax as ks  # noqa: E402
 from torchkiln.kernels._softmax import (  # noqa: E402
     _exp_factor,
@@ -110,24 +111,17 @@ def main() -> None:
     scale = 0.125
     ref = torch.softmax((x.float() * scale).masked_fill(~mask, float("-inf")), -1).nan_to_num(0.0)
     dst = torch.empty_like(x)
-    copy_ms = triton.testing.do_bench(lambda: dst.copy_(x))
+    bench = triton.testing.do_bench
+    copy_ms = bench(lambda: dst.copy_(x))
     copy_bytes = 2 * x.numel() * 2
     nbytes = copy_bytes + mask.numel()
     results: list[dict] = []
     t0 = time.time()
 
     def record(name, fn):
-        try:
-            err = ((fn().float() - ref).abs().max() / ref.abs().max()).item()
-            ms = triton.testing.do_bench(fn) if err < 3e-2 else None
-            status = "ok" if ms is not None else f"wrong (max error {err:.3g})"
-        except Exception as e:  # noqa: BLE001 - a failed arm is reported with its reason, the rest run on
-            ms, err, status = None, None, f"{type(e).__name__}: {str(e)[:200]}"
-        # Bandwidth against the copy's, as bench_kernels.py counts it (the mask's bytes included).
-        pct = 100 * (nbytes / ms) / (copy_bytes / copy_ms) if ms else None
-        results.append({"arm": name, "ms": ms, "max_error": err, "status": status,
-                        "bytes": nbytes, "pct_of_copy": pct})  # fmt: skip
-        shown = f"{pct:5.1f}%" if pct else status
+        results.append({"arm": name, **time_arm(fn, ref, nbytes, copy_bytes, copy_ms, bench)})
+        r = results[-1]
+        shown = f"{r['pct_of_copy']:5.1f}%" if r["pct_of_copy"] else r["status"]
         print(f"[{time.time() - t0:6.1f}s] {name:40s} {shown}", flush=True)
 
     record("kiln default", lambda: F.masked_softmax(x, mask, scale))

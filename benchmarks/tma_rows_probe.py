@@ -30,6 +30,8 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from probe_arms import time_arm  # noqa: E402
+
 LOG2E = 1.4426950408889634
 
 
@@ -108,20 +110,12 @@ def main() -> None:
     t0 = time.time()
 
     def record(kind, name, fn, ref, nbytes, copy_ms):
-        try:
-            got = fn()
-            err = ((got.float() - ref).abs().max() / ref.abs().max()).item()
-            ms = bench(fn) if err < 3e-2 else None
-            status = "ok" if ms is not None else f"wrong (max error {err:.3g})"
-        except Exception as e:  # noqa: BLE001 - a failed arm is reported with its reason, the rest run on
-            ms, err, status = None, None, f"{type(e).__name__}: {str(e)[:200]}"
-        # Bandwidth against the copy's, as bench_kernels.py counts it (the masked arms' bytes
-        # include the mask). session18/tma/ was written before this: there the masked arms'
-        # figure is the copy's time over theirs, 3% under this one.
-        pct = 100 * (nbytes / ms) / (copy_bytes / copy_ms) if ms else None
-        results.append({"kind": kind, "arm": name, "ms": ms, "max_error": err, "status": status,
-                        "bytes": nbytes, "pct_of_copy": pct})  # fmt: skip
-        shown = f"{pct:5.1f}%" if pct else status
+        # The masked arms' bytes include the mask. session18/tma/ was written before this
+        # counting: there the masked arms' figure is the copy's time over theirs, 3% under it.
+        results.append({"kind": kind, "arm": name,
+                        **time_arm(fn, ref, nbytes, copy_bytes, copy_ms, bench)})  # fmt: skip
+        r = results[-1]
+        shown = f"{r['pct_of_copy']:5.1f}%" if r["pct_of_copy"] else r["status"]
         print(f"[{time.time() - t0:6.1f}s] {kind:7s} {name:34s} {shown}", flush=True)
 
     src = x.clone()
