@@ -252,7 +252,8 @@ def test_script_judges_a_saved_run_without_measuring(fake_timer, tmp_path, capsy
     path = tmp_path / "bench_kernels.json"
     path.write_text(json.dumps(doc))
     assert script.main(["--judge", str(path)]) == 0
-    judged = script.summary({**doc, "goals": script.check_goals(doc)})
+    goals = script.check_goals(doc)
+    judged = script.summary({**doc, "goals": goals}) + "\n" + script.tally(goals)
     assert capsys.readouterr().out.strip() == judged.strip()
 
 
@@ -317,3 +318,32 @@ def test_host_time_is_a_median_of_batches_so_one_stalled_batch_does_not_set_it(m
     us = bench.host_us_per_call(lambda: time.sleep(next(sleeps)), device="cpu")
     # The mean of the five would be at least 12.8 ms; the median is a 1 ms call.
     assert 1000 <= us < 10_000
+
+
+def test_tally_counts_cells_as_the_notes_quote_them():
+    script = _bench_script()
+
+    def result(kernel, n, kiln, compile_gbps, device=None):
+        arms = {"kiln": {"gbps": kiln, **({"device_gbps": device} if device else {})},
+                "compile": {"gbps": compile_gbps}}  # fmt: skip
+        return {"kernel": kernel, "direction": "fwd", "dtype": "bf16", "cols": n,
+                "copy": f"bf16 4096x{n}", "arms": arms}  # fmt: skip
+
+    copy = {f"bf16 4096x{n}": {"gbps": 4000.0} for n in (2048, 4096, 8192)}
+    doc = {"copy": copy, "results": [
+        # 85% as measured, its kernel alone 95% (host-affected): decided by its kernel.
+        result("softmax", 2048, 3400.0, None, device=3800.0),
+        result("softmax", 4096, 3800.0, 2000.0),  # 95%; 1.9x compile: met
+        result("softmax", 8192, 3500.0, 3200.0),  # 87.5%; 1.09x, 1.3 x 3200 > 4000: above
+        result("masked_softmax", 4096, 3700.0, 2900.0),  # 92.5%; 1.28x, 1.3 x 2900 < 4000: open
+        result("masked_softmax", 8192, 3700.0, None),  # compile unmeasured
+    ]}  # fmt: skip
+    copy_line, compile_line = script.tally(script.check_goals(doc)).splitlines()
+    assert copy_line.startswith("kiln >= 0.9x copy for N >= 2048: 3 of 5 cells as measured, "
+                                "4 decided by their kernels; below as measured: ")  # fmt: skip
+    assert "softmax fwd bf16 2048 0.850x (kernel alone 0.950x)" in copy_line
+    assert copy_line.endswith("softmax fwd bf16 8192 0.875x")
+    assert compile_line == (
+        "kiln >= 1.3x compile for N >= 4096: 4 cells, met 1, target above the copy 1, open 1: "
+        "masked_softmax fwd bf16 4096 1.276x; unmeasured 1: masked_softmax fwd bf16 8192"
+    )

@@ -100,7 +100,10 @@ ROWS_HEADS_2BYTE = (32, 1, 3)
 # (benchmarks/mask_words_probe.py, kernels-h200/session19/words/, the same shape, % of the copy):
 # 88.3 at (32, 1, 3), 88.5 at (16, 1, 3), 87.6 at (16, 2, 3), against 77.8-77.9 for the same
 # kernel reading its bool mask bytes and 78.7 for kiln's launch then (this rows kernel, bool);
-# through the API (words-api/, bench_kernels.py) 88.9, where every table before read 75-78.
+# through the API (words-api/, bench_kernels.py) 88.9, where every table before read 75-78;
+# session 20's table 89.4 (session20/words-final/). Not taken elsewhere: at 16384 the words
+# kernel read 79-85 against the block heads innermost's 90, and at 32768 in the default order
+# (a mask row a head) 77 (kernel_configs.py's words arms, session20/words-final/configs.txt).
 # Rows of 8193-16383 elements, whose 16384-element block is padded, held as full pieces of
 # PIECE_N elements loaded without predicates and a predicated tail (_softmax_fwd_pieces,
 # pieces_config): at 12672 three pieces and a 512-element tail, 12800 lanes against the block's
