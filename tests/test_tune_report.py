@@ -26,6 +26,23 @@ def test_html_escapes_source_lines_and_reasons():
     assert "x.sum() &lt; 0" in md and "<script>" not in md
 
 
+def test_the_report_says_which_candidates_ran_at_their_second_turn():
+    doc = synthetic_tune_doc()
+    search = doc["stages"]["search"]
+    search["deferred"] = {
+        "inductor": "would not fit the budget (estimated 36 s, 24 s left <reserve>)",
+        "inductor:mode=max-autotune": "would not fit the budget (estimated 346 s, 24 s left)",
+    }
+    md = markdown(doc)
+    assert (
+        "- Deferred `inductor` at its first turn, run at its second: would not fit the budget "
+        "(estimated 36 s, 24 s left &lt;reserve&gt;)"
+    ) in md
+    # Deferred, then skipped at its second turn: one line, the skip's.
+    assert "Deferred `inductor:mode=max-autotune`" not in md
+    assert "- Skipped `inductor:mode=max-autotune`: would not fit &lt;budget&gt;" in md
+
+
 def test_the_opportunity_line_names_a_variant_other_than_the_pick():
     doc = synthetic_tune_doc()
     opp = {"variant": "inductor+bf16", "speedup": 3.1, "worst_error_over_threshold": 0.4,

@@ -246,6 +246,9 @@ class _TuneProgress:
     def skipped(self, spec, why) -> None:
         self.console.print(f"  [yellow]skipped[/yellow] {spec}: {why}")
 
+    def deferred(self, spec, why) -> None:
+        self.console.print(f"  [dim]deferred {spec}: {why}[/dim]")
+
 
 def _auto_budget(budget: str, device: str) -> str:
     if budget != "auto":

@@ -120,6 +120,9 @@ def markdown(doc: dict[str, Any]) -> str:
     skipped = (stages.get("search") or {}).get("skipped") or {}
     for spec, why in skipped.items():
         out.append(f"- Skipped `{spec}`: {_md(why)}")
+    for spec, why in ((stages.get("search") or {}).get("deferred") or {}).items():
+        if spec not in skipped:
+            out.append(f"- Deferred `{spec}` at its first turn, run at its second: {_md(why)}")
     # Speedups from separate trials drift apart when eager is host-bound and a variant is not;
     # the head-to-head trials (challenger against leader in one process) do not.
     for v, h in (sel.get("head_to_head") or {}).items():

@@ -22,6 +22,7 @@ from torchkiln.runner.rundir import RunDir
 from torchkiln.runner.trial import TrialSpec, base_result
 from torchkiln.runner.worker import write_json
 from torchkiln.tune import recommend
+from torchkiln.tune.queue import SearchQueue
 from torchkiln.tune.search import (
     Candidate,
     Evidence,
@@ -42,6 +43,7 @@ class TuneEvents:
     def trial_phase(self, spec: str, phase: str, seconds_left: float) -> None: ...
     def trial_done(self, result: dict[str, Any], seconds_left: float) -> None: ...
     def skipped(self, spec: str, why: str) -> None: ...
+    def deferred(self, spec: str, why: str) -> None: ...
 
 
 def environment_check(device: str) -> dict[str, Any]:
@@ -194,13 +196,21 @@ def _start_s(r: dict[str, Any]) -> float:
     return before + sum(float(phases.get(k) or 0.0) for k in START_PHASES)
 
 
+# What a head-to-head trial took over head_to_head_cost's sum of its arms, in every one the
+# H200 tunes under benchmarks/results/tune-h200 ran (sessions 6-13): 0.56-0.84 (72.8 of 94.6
+# s, 47.0 / 76.4, 100.2 / 119.7, 51.6 / 91.9, 66.2 / 103.7, 107.2 / 143.8, 105.6 / 159.5). The
+# estimate is scaled by the largest: at 1.0, session 20's 2-minute `simple` tune on an H200
+# kept 34 s for its head-to-head and skipped it with 33 s left.
+H2H_COST_FACTOR = 0.85
+
+
 def head_to_head_cost(leader: dict[str, Any], challenger: dict[str, Any]) -> float:
     """Seconds a head-to-head trial of two measured variants should take: both arms in one
-    process, which starts once. Session 6's bert-base tune: arms of 66 and 44 s (99 and 55 s
-    with their correctness checks and kernel counts), starts of 15 and 16 s: 95 s estimated,
-    where the trial took 73 s."""
+    process, which starts once, scaled by H2H_COST_FACTOR. Session 6's bert-base tune: arms of
+    66 and 44 s (99 and 55 s with their correctness checks and kernel counts), starts of 15 and
+    16 s: 95 s before the scaling, where the trial took 73 s."""
     start = min(_start_s(leader), _start_s(challenger))
-    return _h2h_arm_s(leader) + _h2h_arm_s(challenger) - start
+    return H2H_COST_FACTOR * (_h2h_arm_s(leader) + _h2h_arm_s(challenger) - start)
 
 
 def head_to_head_reserve(
@@ -208,16 +218,20 @@ def head_to_head_reserve(
     budget_s: float,
     eager: dict[str, Any] | None = None,
     allow_precision: set[str] | frozenset[str] = frozenset(),
+    more_to_come: bool = True,
 ) -> float:
     """Seconds to keep for the head-to-head stage as the search stands: the current leader
     against each challenger (select.finalists), at most H2H_RESERVE_SHARE of the budget.
     Before two variants are measured, twice the one measured (or four eager processes).
     Session 6's bert-base tune kept the two slowest search trials' times (149 + 99 s, capped
     at 150) where its head-to-head took 73 s, and skipped reduce-overhead+bf16, the eventual
-    best plain mode, for want of 13 s."""
+    best plain mode, for want of 13 s. With `more_to_come` False (the search's deferred
+    candidates' second turn, SearchQueue) only the finalists already measured count."""
     final = finalists(results, eager, set(allow_precision)) if eager else []
     if final:
         need = sum(head_to_head_cost(final[0], c) for c in final[1:])
+    elif not more_to_come:
+        need = 0.0
     else:
         measured = [
             _h2h_arm_s(r)
@@ -513,36 +527,48 @@ def tune(
     # Estimates are updated from what each trial really took.
     estimate = Estimator(float(eager.get("process_wall_s") or 30.0))
     slots = visible_gpus(device) if not in_process else [None]
-    pending = list(enumerate(plan, start=1))
+    queue = SearchQueue(plan)
     stages["search"]["refined"] = []
+    stages["search"]["deferred"] = queue.deferred_why
     next_index = len(plan) + 1
     running: set[str] = set()  # started, no result yet
 
-    def search_left() -> float:
+    def search_left(more_to_come: bool = True) -> float:
         kept = FINAL_RESERVE_S
         if steps is None:  # the head-to-head stage runs only then
-            kept += head_to_head_reserve(results, budget_s, eager, set(allow_precision))
+            kept += head_to_head_reserve(
+                results, budget_s, eager, set(allow_precision), more_to_come
+            )
         return left() - kept
+
+    def fits(cand: Candidate, second_turn: bool) -> str | None:
+        need, room = estimate(cand), search_room(search_left(not second_turn))
+        if need <= room:
+            return None
+        return (
+            f"would not fit the budget (estimated {need:.0f} s, {room:.0f} s left after "
+            "the time kept for the final comparison and report)"
+        )
+
+    def skip(cand: Candidate, why: str) -> None:
+        stages["search"]["skipped"][cand.spec] = why
+        events.skipped(cand.spec, why)
+
+    def defer(cand: Candidate, why: str) -> None:
+        events.deferred(cand.spec, f"{why}; tried again when the queue is empty")
 
     def next_trial() -> tuple[Candidate, TrialSpec] | None:
         # The next candidate that fits what is left, when a GPU frees (executors.stream).
-        while pending:
-            i, cand = pending.pop(0)
-            need, room = estimate(cand), search_room(search_left())
-            if need > room:
-                why = (
-                    f"would not fit the budget (estimated {need:.0f} s, {room:.0f} s left after "
-                    "the time kept for the final comparison and report)"
-                )
-                stages["search"]["skipped"][cand.spec] = why
-                events.skipped(cand.spec, why)
-                continue
-            spec = replace(base, variant=cand.spec, index=i)
-            caps[spec.id] = search_limits(need, search_left())
-            running.add(cand.spec)
-            events.stage("search", f"{cand.spec} (of {len(plan)})", left())
-            return cand, spec
-        return None
+        taken = queue.take(fits, bool(running), skip, defer)
+        if taken is None:
+            return None
+        i, cand = taken
+        spec = replace(base, variant=cand.spec, index=i)
+        second_turn = cand.spec in queue.deferred_why
+        caps[spec.id] = search_limits(estimate(cand), search_left(not second_turn))
+        running.add(cand.spec)
+        events.stage("search", f"{cand.spec} (of {len(plan)})", left())
+        return cand, spec
 
     def trial_done(cand: Candidate, r: dict[str, Any]) -> None:
         nonlocal next_index
@@ -550,8 +576,9 @@ def tune(
         running.discard(cand.spec)
         estimate.learn(cand, r)
         next_index = refine(
-            results, eager, evidence, pending, stages["search"], next_index, running
-        )
+            results, eager, evidence, queue.pending, stages["search"], next_index,
+            running | queue.waiting(),
+        )  # fmt: skip
 
     # Several GPUs: a trial starts whenever one frees, taking turns on the host (host_lock.py).
     stream(slots, next_trial, run_one, trial_done)

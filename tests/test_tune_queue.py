@@ -1,0 +1,99 @@
+"""The search's queue (tune/queue.py): a candidate that does not fit at its turn is deferred,
+takes a second turn once the queue is empty and nothing runs, and only then is skipped."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torchkiln.tune.queue import SearchQueue
+
+
+@dataclass
+class Cand:
+    spec: str
+    need: float
+
+
+def drain(queue: SearchQueue, room: dict[bool, float], log: list[str]) -> list[str]:
+    """Take every candidate, one at a time as with one GPU (nothing running between takes);
+    `room[second_turn]` is the seconds a candidate may take at its first or second turn."""
+
+    def fits(cand, second):
+        return None if cand.need <= room[second] else f"{cand.need:g} > {room[second]:g}"
+
+    def skip(cand, why):
+        log.append(f"skip {cand.spec}: {why}")
+
+    def defer(cand, why):
+        log.append(f"defer {cand.spec}: {why}")
+
+    started = []
+    while (taken := queue.take(fits, False, skip, defer)) is not None:
+        started.append(f"{taken[0]}:{taken[1].spec}")
+    return started
+
+
+def test_a_candidate_that_does_not_fit_goes_again_after_the_rest():
+    queue = SearchQueue([Cand("a", 35.0), Cand("b", 10.0), Cand("c", 300.0), Cand("d", 5.0)])
+    log: list[str] = []
+    # At their first turn 31 s of room (time kept for a comparison); at the second, 44 s.
+    started = drain(queue, {False: 31.0, True: 44.0}, log)
+    # Plan order, then the deferred in theirs, each with its plan index.
+    assert started == ["2:b", "4:d", "1:a"]
+    assert log == ["defer a: 35 > 31", "defer c: 300 > 31", "skip c: 300 > 44"]
+    assert queue.deferred_why == {"a": "35 > 31", "c": "300 > 31"}
+
+
+def test_nothing_is_retried_while_a_trial_runs():
+    queue = SearchQueue([Cand("a", 50.0)])
+    log: list[str] = []
+
+    def fits(cand, second):
+        return None if second else "no room yet"
+
+    def take(running):
+        return queue.take(fits, running, lambda c, w: log.append("skip"),
+                          lambda c, w: log.append("defer"))  # fmt: skip
+
+    # A neighbour's trial is still running: the deferred candidate waits for its result.
+    assert take(running=True) is None and log == ["defer"]
+    assert queue.waiting() == {"a"}
+    # Nothing runs: its second turn, where it fits.
+    assert take(running=False) == (1, Cand("a", 50.0))
+    assert queue.waiting() == set() and take(running=False) is None
+
+
+def test_a_candidate_is_deferred_once_and_refinements_take_turns_too():
+    queue = SearchQueue([Cand("a", 20.0)])
+    log: list[str] = []
+    assert drain(queue, {False: 10.0, True: 10.0}, log) == []
+    assert log == ["defer a: 20 > 10", "skip a: 20 > 10"]
+    # A refinement queued later (refine() inserts at the front) gets its own two turns.
+    queue.pending.insert(0, (7, Cand("a+channels_last", 15.0)))
+    log.clear()
+    assert drain(queue, {False: 10.0, True: 20.0}, log) == ["7:a+channels_last"]
+    assert log == ["defer a+channels_last: 15 > 10"]
+
+
+def test_the_second_turn_keeps_time_only_for_finalists_already_measured():
+    from torchkiln.tune.pipeline import head_to_head_reserve
+
+    eager = {"variant": "eager", "status": "ok", "process_wall_s": 15.0}
+    # One compiled variant measured (session 20's `simple` tune on an H200: cudagraphs after
+    # eager): while more candidates are to come, time for comparing it with the next one...
+    cudagraphs = {"variant": "cudagraphs", "status": "ok", "process_wall_s": 16.5,
+                  "phase_s": {"correctness": 0.1, "kernels": 0.1}}  # fmt: skip
+    assert head_to_head_reserve([eager, cudagraphs], 120, eager) == 30.0  # 2 x 16.3, capped
+    # ...and none at the deferred candidates' second turn, with nothing to compare yet.
+    assert head_to_head_reserve([eager, cudagraphs], 120, eager, more_to_come=False) == 0.0
+    assert head_to_head_reserve([eager], 120, eager, more_to_come=False) == 0.0
+    # Two compiled variants measured: their comparison's time is kept at either turn.
+    from test_tune_select import trial
+
+    runs = [eager]
+    for variant, ms, speedup in (("inductor", 5.0, 2.0), ("cudagraphs", 6.0, 1.7)):
+        r = trial(variant, ms, (ms * 0.99, ms * 1.01), speedup, (speedup * 0.98, speedup * 1.02), 9)
+        runs.append({**r, "process_wall_s": 20.0, "wall_s": 18.0, "phase_s": {"start": 3.0}})
+    both = head_to_head_reserve(runs, 600, eager)
+    # 20 + 20 s arms in one process that starts once (5 s), scaled (H2H_COST_FACTOR).
+    assert both == head_to_head_reserve(runs, 600, eager, more_to_come=False) == 0.85 * 35.0
