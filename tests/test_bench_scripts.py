@@ -210,3 +210,21 @@ def test_bench_tune_rejects_an_unknown_plain_mode_before_tuning():
     out = _run_benchmark("bench_tune.py", "--plain-modes", "reduce-overhead,turbo")
     assert out.returncode == 2
     assert "--plain-modes: unknown ['turbo']" in out.stderr and "== tune" not in out.stdout
+
+
+def test_kernel_host_path_judges_the_paired_cache_ratio(capsys):
+    spec = importlib.util.spec_from_file_location(
+        "kernel_host_path", ROOT / "benchmarks/kernel_host_path.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    forward = {"call": "softmax", "dtype": "fp32", "host_us": 20.0, "host_us_cache_off": 40.0}
+    # The medians alone read 0.50; the rounds' paired ratios (drift moving both) read 0.80.
+    assert not module.judge_cache([{**forward, "cache_ratio": 0.80}])
+    assert "20.0 /   40.0 = 0.80 FAIL" in capsys.readouterr().out
+    assert module.judge_cache([{**forward, "cache_ratio": 0.70}])
+    # A run saved before the rounds were paired: the ratio of its medians.
+    assert module.judge_cache([forward])
+    assert not module.judge_cache([{**forward, "host_us": 32.0}])
+    # A backward call has no goal.
+    assert module.judge_cache([{**forward, "call": "softmax bwd", "cache_ratio": 0.9}])
