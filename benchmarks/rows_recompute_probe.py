@@ -1,6 +1,7 @@
 """Probe: the 32768-element bf16 softmax rows held as bf16, two or three programs an SM.
 
     PYTHONPATH=src python3 benchmarks/rows_recompute_probe.py --out DIR
+    PYTHONPATH=src python3 benchmarks/rows_recompute_probe.py --out DIR --hints   # .cs stores
 
 What session 20 asked (issue 6): the bf16 forward at 4096 x 32768, with and without a bool mask,
 runs at 88-91% of the copy in kiln's persistent rows kernel (`_softmax.ROWS_LOOP`,
@@ -78,6 +79,7 @@ def _masked_bf16(x, keep):
 def _rows_held_bf16(
     x_ptr, y_ptr, m_ptr, M, N, Q, smq, scale,
     BLOCK_N: tl.constexpr, STAGES: tl.constexpr, MASKED: tl.constexpr, HEADS: tl.constexpr,
+    HINTS: tl.constexpr = 0,
 ):  # fmt: skip
     # Rows pid, pid + G, ... each [BLOCK_N / 8, 8] with N == BLOCK_N (kiln's words layout; a
     # masked row reads its bool mask as 64-bit words, heads innermost); scale > 0.
@@ -105,10 +107,13 @@ def _rows_held_bf16(
         else:
             t = mc + tl.log2(s)
         y = tl.exp2(_wide(x, WIDE_CVT) * c - t)
-        tl.store(y_ptr + row * N + cols, y.to(y_ptr.dtype.element_ty))
+        if HINTS == 1:  # streaming stores (st.global.cs): y is not read again
+            tl.store(y_ptr + row * N + cols, y.to(y_ptr.dtype.element_ty), cache_modifier=".cs")
+        else:
+            tl.store(y_ptr + row * N + cols, y.to(y_ptr.dtype.element_ty))
 
 
-def launch(x, mask, scale, warps, stages, per_sm, maxnreg, heads):
+def launch(x, mask, scale, warps, stages, per_sm, maxnreg, heads, hints=0):
     """softmax(scale * x), masked where `mask` [1, 1, Q, N] is given, over rows of x."""
     y = torch.empty_like(x)
     n, q = x.shape[-1], x.shape[-2]
@@ -117,17 +122,24 @@ def launch(x, mask, scale, warps, stages, per_sm, maxnreg, heads):
     _rows_held_bf16[grid](
         x, y, mask if mask is not None else x, x.numel() // n, n, q,
         mask.stride(-2) if mask is not None else 0, scale, BLOCK_N=n, STAGES=stages,
-        MASKED=mask is not None, HEADS=heads, num_warps=warps, **extra,
+        MASKED=mask is not None, HEADS=heads, HINTS=hints, num_warps=warps, **extra,
     )  # fmt: skip
     return y
 
 
 # (warps, programs an SM, stages, maxnreg): two resident programs an SM (8 warps spilled at
 # three or four: 13-342 stores a thread, sm_90), and one at kiln's own launch shapes.
-ARMS = ((16, 2, 2, 64), (32, 2, 2, 32), (16, 2, 2, None), (32, 1, 3, None), (16, 1, 3, None))
+ARMS = ((16, 2, 2, 64, 0), (32, 2, 2, 32, 0), (16, 2, 2, None, 0), (32, 1, 3, None, 0),
+        (16, 1, 3, None, 0))  # fmt: skip
+# --hints: kiln's launch shapes with streaming stores (HINTS 1). x's loads keep the default
+# policy: Triton 3.6's pipeliner makes them cp.async, which carries no eviction hint (an
+# evict_first load compiled to the same PTX, sm_90).
+HINT_ARMS = ((32, 1, 3, None, 0), (32, 1, 3, None, 1), (16, 1, 3, None, 0), (16, 1, 3, None, 1))
 
 
-def measure(n: int, rows: int, heads: int, results: list[dict], t0: float) -> None:
+def measure(
+    n: int, rows: int, heads: int, results: list[dict], t0: float, arms: tuple = ARMS
+) -> None:
     """Every arm at rows x n, without and with a mask, beside kiln's default launch."""
     from torchkiln.kernels import functional as F
 
@@ -151,15 +163,16 @@ def measure(n: int, rows: int, heads: int, results: list[dict], t0: float) -> No
             kiln = lambda: F.softmax(x)  # noqa: E731
         nbytes = copy_bytes + (mask.numel() if masked else 0)
         kind = "masked" if masked else "softmax"
-        arms = [("kiln default", kiln)]
-        for warps, per_sm, stages, maxnreg in ARMS:
-            arms.append((
-                f"held w{warps} {per_sm}/SM s{stages} r{maxnreg or '-'}",
-                lambda w=warps, s=stages, pps=per_sm, mr=maxnreg, mk=masked, sc=scale: launch(
-                    x, mask if mk else None, sc, w, s, pps, mr, heads),
+        named = [("kiln default", kiln)]
+        for warps, per_sm, stages, maxnreg, hints in arms:
+            named.append((
+                f"held w{warps} {per_sm}/SM s{stages} r{maxnreg or '-'}"
+                + (f" hints{hints}" if hints else ""),
+                lambda w=warps, s=stages, pps=per_sm, mr=maxnreg, mk=masked, sc=scale, h=hints:
+                    launch(x, mask if mk else None, sc, w, s, pps, mr, heads, h),
             ))  # fmt: skip
-        arms.append(("kiln default (again)", kiln))
-        for name, fn in arms:
+        named.append(("kiln default (again)", kiln))
+        for name, fn in named:
             r = time_arm(fn, ref, nbytes, copy_bytes, copy_ms, bench)
             results.append({"kernel": kind, "cols": n, "arm": name, **r})
             shown = f"{r['pct_of_copy']:5.1f}%" if r["pct_of_copy"] else r["status"]
@@ -172,6 +185,7 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=4096)
     p.add_argument("--cols", type=int, nargs="+", default=[32768])
     p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--hints", action="store_true", help="the L2-hint arms (HINT_ARMS) instead")
     args = p.parse_args()
     from torchkiln.measure.environment import collect
 
@@ -182,7 +196,7 @@ def main() -> None:
     results: list[dict] = []
     t0 = time.time()
     for n in args.cols:
-        measure(n, args.rows, args.heads, results, t0)
+        measure(n, args.rows, args.heads, results, t0, HINT_ARMS if args.hints else ARMS)
     doc = {"schema": "kiln.rows_recompute_probe/1", "environment": collect("cuda"),
            "rows": args.rows, "results": results}  # fmt: skip
     (args.out / "rows_recompute_probe.json").write_text(json.dumps(doc, indent=2, default=str))
