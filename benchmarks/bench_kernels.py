@@ -198,14 +198,18 @@ def summary(doc: dict[str, Any]) -> str:
         parts = []
         for (k, d, t, goal), v in verdicts.items():
             if (k, d, t) == key:
-                worst = "n/a" if v["worst_ratio"] is None else f"{v['worst_ratio']:.2f}x"
+                # Three decimals: at two, 0.899 printed as a failing "0.90x" (session 20).
+                worst = (
+                    "n/a" if v["worst_ratio"] is None
+                    else f"{v['worst_ratio']:.3f}x at N = {v['worst_at_n']}"
+                )  # fmt: skip
                 tag = "PASS" if v["passed"] else "FAIL"
                 beyond = v.get("beyond_copy_n") or []
                 note = f"; above the copy ceiling at N = {_ns(beyond)}" if beyond else ""
                 device = v.get("kiln_device_ratios") or {}
                 if device:
                     n_dev = min(device, key=device.get)
-                    note += (f"; host-affected sizes, the kernel alone: worst {device[n_dev]:.2f}x"
+                    note += (f"; host-affected sizes, the kernel alone: worst {device[n_dev]:.3f}x"
                              f" at N = {n_dev}")  # fmt: skip
                 parts.append(f"{tag} {goal.split(' for ')[0]} (worst {worst}{note})")
         cells = [_gbps(r, a) for a in ("kiln", "eager", "compile")]

@@ -152,7 +152,7 @@ def test_a_launch_bound_calls_device_time_is_shown_beside_it_and_judged_apart(
     # do_bench's figure decides the verdict; the kernel alone is reported beside it.
     assert fwd_copy["ratios"] == {4096: pytest.approx(kiln["gbps"] / copy)}
     assert fwd_copy["kiln_device_ratios"] == {4096: pytest.approx(4 * kiln["gbps"] / copy)}
-    assert "sizes, the kernel alone: worst 4.00x at N = 4096" in _bench_script().summary(doc)
+    assert "sizes, the kernel alone: worst 4.000x at N = 4096" in _bench_script().summary(doc)
 
 
 @pytest.mark.parametrize("host_us, measured", [(1300.0, True), (900.0, False)])
