@@ -11,7 +11,12 @@ mode, plain modes that failed and why, and the tune's wall time (the plain compa
 part of it). With --plain-fp32-modes, the same against plain modes at fp32 (nothing at all
 changed), reported beside the strict reading, never instead of it. --plain-modes narrows the
 plain comparison (e.g. to reduce-overhead, the best plain mode in every H200 run so far) when a
-lease has no room for all four.
+lease has no room for all four. --pick SPEC skips the tune and times the plain modes against SPEC
+(an earlier tune's pick), for plain modes that did not fit beside a tune in one lease; the row
+then has no tune wall time. --plain-no-check skips the plain trials' correctness check (a plain
+mode is the bar, not the candidate: a faster wrong one would only make the bar higher), and
+--plain-cache-dir shares one compile cache between them (their compile time is not what is
+compared; max-autotune's second mode then reuses the first's kernel choices).
 Goals (issue 5): at least 1.2x over the best plain mode on the training steps,
 never slower than it (the interval's upper end at or above 1), and each tune within its
 15-minute budget. OUT/bench_tune.json is rewritten after every tune.
@@ -47,12 +52,14 @@ def plain_specs(precision: str, modes: tuple[str, ...] = PLAIN_MODES) -> list[st
 def pick_over_plain(plain_doc: dict[str, Any]) -> dict[str, Any]:
     """Each plain mode timed against the pick (the bench's baseline), paired rep by rep:
     plain ms / pick ms with its interval. Correct, ok trials count, and so do trials stopped in
-    their correctness check after their timing (kept by the runner, marked): a plain mode is
-    the bar the pick must clear, so one more competitor makes the comparison stricter."""
+    their correctness check after their timing (kept by the runner, marked), and so do trials
+    run without the check (--plain-no-check, marked): a plain mode is the bar the pick must
+    clear, so one more competitor makes the comparison stricter."""
     rows, missing = {}, {}
     for t in plain_doc["trials"]:
         kept = bool(t.get("measured_before_failure") and t.get("speedup"))
-        if not passed(t) and not kept:
+        unchecked = t["status"] == "ok" and t.get("correctness") is None and t.get("speedup")
+        if not passed(t) and not kept and not unchecked:
             missing[t["variant"]] = f"{t['status']}: {t.get('reason')}"
             continue
         sp = t["speedup"]  # pick ms / plain ms
@@ -62,6 +69,8 @@ def pick_over_plain(plain_doc: dict[str, Any]) -> dict[str, Any]:
             rows[t["variant"]]["correctness"] = (
                 f"not checked: {t['status']} after its timing ({t.get('reason')})"
             )
+        elif unchecked:
+            rows[t["variant"]]["correctness"] = "not checked (--plain-no-check)"
     best = min(rows, key=lambda v: rows[v]["ratio"]) if rows else None
     return {"pick_over_plain": rows, "not_measured": missing, "best_plain": best,
             "pick_over_best_plain": rows[best] if best else None}  # fmt: skip
@@ -72,14 +81,15 @@ def summarize_tune(
 ) -> dict[str, Any]:
     trials = {t["variant"]: t for t in doc["trials"]}
     pick_spec = (doc.get("selection") or {}).get("best")
+    wall_s = doc.get("wall_s")  # None: --pick, no tune ran
     row: dict[str, Any] = {
         "workload": doc["workload"],
         "step": doc["step"],
         "pick": pick_spec,
         "pick_speedup_vs_eager": (trials.get(pick_spec) or {}).get("speedup"),
-        "wall_s": doc["wall_s"],
+        "wall_s": wall_s,
         "budget_s": budget_s,
-        "within_budget": doc["wall_s"] <= budget_s,
+        "within_budget": None if wall_s is None else wall_s <= budget_s,
         "skipped": doc["stages"].get("search", {}).get("skipped", {}),
         "plain": plain,
     }
@@ -115,8 +125,16 @@ def against_pick(
         baseline=pick,
         out=out,
         timeout_s=args.plain_timeout,
+        cache_dir=args.plain_cache_dir,
+        spec_overrides={"check_accuracy": False} if args.plain_no_check else None,
     )
-    return pick_over_plain(doc)
+    return {**pick_over_plain(doc), "environment": doc.get("environment")}
+
+
+def given_pick(workload: str, step: str, pick: str) -> dict[str, Any]:
+    """The summary's view of a tune that did not run here: --pick names its choice."""
+    return {"workload": workload, "step": step, "trials": [], "selection": {"best": pick},
+            "wall_s": None, "stages": {}, "pick_from": "--pick (no tune ran)"}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,7 +158,27 @@ def main(argv: list[str] | None = None) -> int:
         help="also time these plain modes at fp32 against a 16-bit pick (comma-separated, e.g. "
         "default,reduce-overhead): the reading of 'plain torch.compile' with nothing else changed",
     )
+    ap.add_argument(
+        "--pick",
+        default="",
+        help="skip the tune: time the plain modes against this spec (an earlier tune's pick); "
+        "one workload and one step",
+    )
+    ap.add_argument(
+        "--plain-no-check",
+        action="store_true",
+        help="skip the plain trials' correctness check (they are the bar, not candidates)",
+    )
+    ap.add_argument(
+        "--plain-cache-dir",
+        default=None,
+        help="one compile cache shared by the plain trials (default: a fresh one each)",
+    )
     args = ap.parse_args(argv)
+    if args.pick:
+        parse_variant(args.pick)  # a bad spec fails here, not after the first trial
+        if "," in args.workloads or "," in args.steps:
+            ap.error("--pick: give one --workloads and one --steps")
     plain_modes = tuple(m for m in args.plain_modes.split(",") if m)
     unknown = sorted(set(plain_modes) - set(PLAIN_MODES))
     if unknown:
@@ -153,18 +191,21 @@ def main(argv: list[str] | None = None) -> int:
     rows, env = [], None
     for workload in args.workloads.split(","):
         for step in args.steps.split(","):
-            print(f"== tune {workload} {step} (budget {args.budget})", flush=True)
-            result = tune(
-                workload,
-                step=step,
-                device=args.device,
-                budget=args.budget,
-                allow_precision=[p for p in args.allow_precision.split(",") if p],
-                preset=args.preset,
-                out=out / f"{workload}-{step}",
-            )
-            env = env or result.doc.get("environment")
-            pick = (result.doc.get("selection") or {}).get("best")
+            if args.pick:
+                doc = given_pick(workload, step, args.pick)
+            else:
+                print(f"== tune {workload} {step} (budget {args.budget})", flush=True)
+                doc = tune(
+                    workload,
+                    step=step,
+                    device=args.device,
+                    budget=args.budget,
+                    allow_precision=[p for p in args.allow_precision.split(",") if p],
+                    preset=args.preset,
+                    out=out / f"{workload}-{step}",
+                ).doc
+            env = env or doc.get("environment")
+            pick = (doc.get("selection") or {}).get("best")
             plain = plain_fp32 = None
 
             if pick:
@@ -181,7 +222,10 @@ def main(argv: list[str] | None = None) -> int:
                         args, workload, step, pick, plain_specs("fp32", fp32_modes),
                         out / f"{workload}-{step}-plain-fp32",
                     )  # fmt: skip
-            rows.append(summarize_tune(result.doc, budget_s, plain, plain_fp32))
+            for compared in (plain, plain_fp32):  # --pick: no tune document to take it from
+                bench_env = (compared or {}).pop("environment", None)
+                env = env or bench_env
+            rows.append(summarize_tune(doc, budget_s, plain, plain_fp32))
             (out / "bench_tune.json").write_text(
                 json.dumps(
                     {
@@ -204,8 +248,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['workload']:<10} {r['step']:<5} pick {r['pick']}: "
             f"{'-' if sp is None else f'{sp:.2f}x'} eager, "
             f"{over} the best plain mode "
-            f"({plain.get('best_plain')}), tune wall {r['wall_s']:.0f} s of {r['budget_s']:.0f}"
-        )
+            f"({plain.get('best_plain')}), "
+            + ("no tune (--pick)" if r["wall_s"] is None
+               else f"tune wall {r['wall_s']:.0f} s of {r['budget_s']:.0f}")
+        )  # fmt: skip
         best32 = (r.get("plain_fp32") or {}).get("pick_over_best_plain")
         if best32:
             print(f"{'':<16} {best32['ratio']:.2f}x the best plain mode at fp32")

@@ -8,7 +8,8 @@
 #                                                       # zoo-rest, tune, tune-infer,
 #                                                       # tune-train, tune-parallel,
 #                                                       # tune-parallel-train,
-#                                                       # leftovers, session6
+#                                                       # leftovers, session6,
+#                                                       # train-plain-fp32
 #   bash benchmarks/h200_queue.sh wait ROOT SECONDS DIR # waits for the end or SECONDS, then
 #                                                       # packs ROOT into DIR/gpu.tgz
 #   bash benchmarks/h200_queue.sh recheck ROOT DIR      # one GPU, ~5 min (see below)
@@ -395,6 +396,28 @@ phases-kernels-heads)
     benchmarks/ncu_softmax.py --cols 16384 --dtype bf16 --heads-inner --calls 1"
   job kernel_configs 150 python3 benchmarks/kernel_configs.py --out "$ROOT/configs" --no-loop \
     --skip-measured --no-bias-act --cols 32768 16384 12672 8192
+  echo "$(date +%T) all done" >>"$ROOT/status.txt"
+  ;;
+phases-train-plain-fp32)
+  # Issue 5, one GPU: the four plain torch.compile modes at fp32 (the mode and nothing else)
+  # against each training pick, paired in one process, no tune run (--pick: the picks of
+  # session 11's resnet50 and session 13's bert-base training tunes). Sessions 7's runs timed
+  # only default and reduce-overhead at fp32 (max-autotune capped at 120 s); here max-autotune
+  # gets its compile, both max-autotune modes share one cache (the second reuses the first's
+  # kernel choices) and no correctness check (the plain modes are the bar, not candidates).
+  # resnet50 first: for bert-base a FLOP count bounds any fp32 mode (docs/tune.md); for
+  # resnet50's convolutions (Winograd) it does not. Cut to DEADLINE_S (default 1500 s).
+  nvidia-smi --query-gpu=index,name,driver_version,memory.used --format=csv >"$ROOT/gpus.txt"
+  export DEADLINE_S=${DEADLINE_S:-1500}
+  pick="inductor:mode=reduce-overhead,dynamic=false,scope=step+bf16"
+  job plain32_resnet50 960 python3 benchmarks/bench_tune.py --out "$ROOT/resnet50" \
+    --workloads resnet50 --steps train --pick "$pick" --plain-modes "" --plain-no-check \
+    --plain-fp32-modes reduce-overhead,max-autotune-no-cudagraphs,max-autotune \
+    --plain-cache-dir "$ROOT/compile-cache-resnet50" --plain-timeout 720
+  job plain32_bert 900 python3 benchmarks/bench_tune.py --out "$ROOT/bert-base" \
+    --workloads bert-base --steps train --pick "$pick" --plain-modes "" --plain-no-check \
+    --plain-fp32-modes reduce-overhead,max-autotune-no-cudagraphs,max-autotune,default \
+    --plain-cache-dir "$ROOT/compile-cache-bert" --plain-timeout 480
   echo "$(date +%T) all done" >>"$ROOT/status.txt"
   ;;
 phases-leftovers)

@@ -85,6 +85,31 @@ def test_pick_over_plain_inverts_the_paired_ratio_and_takes_the_closest_plain_mo
     assert "not checked: timeout" in out["pick_over_best_plain"]["correctness"]
     assert out["not_measured"] == {}
 
+    # Run without the check (--plain-no-check): counted and marked; a failed or wrong trial
+    # still is not.
+    unchecked = {**_trial("inductor:mode=max-autotune", 0.25, (0.24, 0.26)), "correctness": None}
+    out = s.pick_over_plain({"trials": [unchecked, doc["trials"][2]]})
+    assert out["pick_over_best_plain"]["ratio"] == pytest.approx(4.0)
+    assert out["pick_over_best_plain"]["correctness"] == "not checked (--plain-no-check)"
+    assert list(out["not_measured"]) == ["inductor:mode=max-autotune+bf16"]
+
+
+def test_a_given_pick_is_summarised_without_a_tune():
+    # --pick: the plain modes timed against an earlier tune's pick; no wall time to judge.
+    s = _script()
+    doc = s.given_pick("bert-base", "train", "inductor:mode=reduce-overhead+bf16")
+    fp32 = {"pick_over_best_plain": {"ratio": 3.0, "ci95": [2.9, 3.1]}}
+    row = s.summarize_tune(doc, 900.0, None, fp32)
+    assert row["pick"] == "inductor:mode=reduce-overhead+bf16"
+    assert row["wall_s"] is None and row["within_budget"] is None
+    assert row["pick_speedup_vs_eager"] is None and row["goal_train_1_2x"] is None
+    assert row["fp32_reading"] == {"never_slower": True, "train_1_2x": True}
+
+
+def test_bench_tune_pick_takes_one_workload_and_step():
+    out = _run_benchmark("bench_tune.py", "--pick", "inductor+bf16", "--steps", "infer,train")
+    assert out.returncode == 2 and "--pick: give one --workloads and one --steps" in out.stderr
+
 
 def test_goals_judge_the_best_plain_mode_and_the_budget():
     s = _script()
