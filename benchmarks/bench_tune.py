@@ -105,6 +105,8 @@ def summarize_tune(
         best32 = plain_fp32.get("pick_over_best_plain")
         row["fp32_reading"] = None if best32 is None else {
             "never_slower": best32["ci95"][1] >= 1.0,
+            # The verdicts are over the modes measured; those that were not are named here.
+            "unmeasured_modes": sorted(plain_fp32.get("not_measured") or {}),
             **({"train_1_2x": best32["ratio"] >= GOAL_TRAIN_OVER_PLAIN}
                if doc["step"] == "train" else {}),
         }  # fmt: skip
@@ -114,7 +116,10 @@ def summarize_tune(
 def against_pick(
     args: argparse.Namespace, workload: str, step: str, pick: str, variants: list[str], out: Path
 ) -> dict[str, Any]:
-    """Each plain variant timed against the pick in one process, paired rep by rep."""
+    """Each plain variant timed against the pick in one process, paired rep by rep; with
+    --summarize, what such a run left in `out` (no trial runs)."""
+    if args.summarize:
+        return left_in(out, variants)
     print(f"== {', '.join(variants)} vs the pick {pick}", flush=True)
     doc = bench(
         workload,
@@ -129,6 +134,25 @@ def against_pick(
         spec_overrides={"check_accuracy": False} if args.plain_no_check else None,
     )
     return {**pick_over_plain(doc), "environment": doc.get("environment")}
+
+
+def left_in(run: Path, variants: list[str]) -> dict[str, Any]:
+    """The comparison from a run directory whose run was stopped before its end (a lease's time
+    limit): its finished trials, and each variant without a result named as not measured. A
+    trial that wrote its own file after its launcher was gone is not one of them: nothing
+    stopped it from timing beside whatever ran next on the device."""
+    trials, missing, env = [], {}, None
+    for path in sorted(run.glob("trials/*/result.json")):
+        t = json.loads(path.read_text())
+        trials.append(t)
+        env = env or t.get("environment")
+    out = pick_over_plain({"trials": trials})
+    done = {t["variant"] for t in trials}
+    for v in variants:
+        if v not in done:
+            missing[v] = "no result: the run was stopped before this trial ended"
+    out["not_measured"] = {**out["not_measured"], **missing}
+    return {**out, "environment": env, "summarized_from": str(run)}
 
 
 def given_pick(workload: str, step: str, pick: str) -> dict[str, Any]:
@@ -174,7 +198,15 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="one compile cache shared by the plain trials (default: a fresh one each)",
     )
+    ap.add_argument(
+        "--summarize",
+        action="store_true",
+        help="with --pick: run nothing, write bench_tune.json from the plain runs already in "
+        "--out (a run stopped by a time limit leaves no summary of its own)",
+    )
     args = ap.parse_args(argv)
+    if args.summarize and not args.pick:
+        ap.error("--summarize needs --pick")
     if args.pick:
         parse_variant(args.pick)  # a bad spec fails here, not after the first trial
         if "," in args.workloads or "," in args.steps:

@@ -98,12 +98,14 @@ def test_a_given_pick_is_summarised_without_a_tune():
     # --pick: the plain modes timed against an earlier tune's pick; no wall time to judge.
     s = _script()
     doc = s.given_pick("bert-base", "train", "inductor:mode=reduce-overhead+bf16")
-    fp32 = {"pick_over_best_plain": {"ratio": 3.0, "ci95": [2.9, 3.1]}}
+    fp32 = {"pick_over_best_plain": {"ratio": 3.0, "ci95": [2.9, 3.1]},
+            "not_measured": {"inductor:mode=max-autotune": "timeout"}}  # fmt: skip
     row = s.summarize_tune(doc, 900.0, None, fp32)
     assert row["pick"] == "inductor:mode=reduce-overhead+bf16"
     assert row["wall_s"] is None and row["within_budget"] is None
     assert row["pick_speedup_vs_eager"] is None and row["goal_train_1_2x"] is None
-    assert row["fp32_reading"] == {"never_slower": True, "train_1_2x": True}
+    assert row["fp32_reading"] == {"never_slower": True, "train_1_2x": True,
+                                   "unmeasured_modes": ["inductor:mode=max-autotune"]}  # fmt: skip
 
 
 def test_bench_tune_pick_takes_one_workload_and_step():
@@ -134,7 +136,8 @@ def test_goals_judge_the_best_plain_mode_and_the_budget():
     # The fp32 reading is reported beside the strict one, which still decides the goals.
     fp32 = {"pick_over_best_plain": {"ratio": 4.5, "ci95": [4.4, 4.6]}}
     row = s.summarize_tune(doc, 900.0, slower, fp32)
-    assert row["fp32_reading"] == {"never_slower": True, "train_1_2x": True}
+    assert row["fp32_reading"] == {"never_slower": True, "train_1_2x": True,
+                                   "unmeasured_modes": []}  # fmt: skip
     assert row["goal_never_slower"] is False and row["goal_train_1_2x"] is False
     assert s.plain_specs("fp32", ("default", "reduce-overhead")) == [
         "inductor",
@@ -253,3 +256,21 @@ def test_kernel_host_path_judges_the_paired_cache_ratio(capsys):
     assert not module.judge_cache([{**forward, "host_us": 32.0}])
     # A backward call has no goal.
     assert module.judge_cache([{**forward, "call": "softmax bwd", "cache_ratio": 0.9}])
+
+
+def test_a_stopped_plain_run_is_summarised_from_what_it_left(tmp_path):
+    # --summarize: finished trials count; a trial dir without the launcher's result.json (its
+    # launcher was gone: the trial's own file is not trusted) and a variant never started are
+    # named as not measured.
+    s = _script()
+    run = tmp_path / "w-train-plain-fp32"
+    done = {**_trial("inductor:mode=reduce-overhead", 0.2, (0.19, 0.21)), "correctness": None,
+            "environment": {"kiln_git_sha": "abc"}}  # fmt: skip
+    (run / "trials/00-ro").mkdir(parents=True)
+    (run / "trials/00-ro/result.json").write_text(json.dumps(done))
+    (run / "trials/01-ma").mkdir(parents=True)
+    (run / "trials/01-ma/trial-result.json").write_text(json.dumps({"status": "ok"}))
+    out = s.left_in(run, ["inductor:mode=reduce-overhead", "inductor:mode=max-autotune"])
+    assert out["pick_over_best_plain"]["ratio"] == pytest.approx(5.0)
+    assert list(out["not_measured"]) == ["inductor:mode=max-autotune"]
+    assert out["environment"] == {"kiln_git_sha": "abc"}

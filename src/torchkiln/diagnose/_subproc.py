@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from torchkiln.runner.orphan import launcher_env
+
 # src/ (or site-packages/) holding the torchkiln package, so children import this same copy.
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -32,7 +34,7 @@ class ProcResult:
 def child_env(overrides: Mapping[str, str | None] | None = None) -> dict[str, str]:
     """The caller's environment, this kiln first on PYTHONPATH, ``overrides`` applied (None
     removes a variable)."""
-    env = dict(os.environ)
+    env = launcher_env(dict(os.environ))  # the child ends itself if this process dies
     env["PYTHONPATH"] = os.pathsep.join([_PACKAGE_ROOT, *filter(None, [env.get("PYTHONPATH")])])
     for key, value in (overrides or {}).items():
         if value is None:
@@ -75,6 +77,12 @@ def run_module(
             pass  # it exited between the timeout and the kill: nothing left to end
         out, err = proc.communicate()
         timed_out = True
+    except BaseException:  # a Ctrl-C: the child's own session is out of the signal's reach
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # it had exited already
+        raise
     return ProcResult(
         returncode=None if timed_out else proc.returncode,
         stdout=out or "",

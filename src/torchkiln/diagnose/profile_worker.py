@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from torchkiln.runner.orphan import exit_with_launcher
+
 SCHEMA = "kiln.profile/1"
 DATA_WAIT = "kiln:data_wait"  # the name trace_metrics looks for
 LOAD_BATCH = "kiln:load_batch"
@@ -281,4 +283,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    exit_with_launcher()  # ends with the kiln that launched it (runner/orphan.py)
     sys.exit(main())

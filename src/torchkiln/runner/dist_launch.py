@@ -21,6 +21,7 @@ from typing import Any
 
 from torchkiln.errors import KilnUserError
 from torchkiln.runner.launch import _failure, _kill_group, tail, trial_env
+from torchkiln.runner.orphan import TrialsStopped, stopping
 from torchkiln.runner.trial import TrialSpec
 
 STRATEGIES = ("ddp", "fsdp")
@@ -58,6 +59,19 @@ def torchrun_command(spec_path: Path, rank_dir: Path, nproc: int) -> list[str]:
         str(spec_path),
         str(rank_dir),
     ]
+
+
+def _wait_unless_stopped(proc: subprocess.Popen, timeout_s: float) -> bool:
+    """True when torchrun exited within the time; raises TrialsStopped on a stop."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            proc.wait(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
+            return True
+        except subprocess.TimeoutExpired:
+            if stopping():
+                raise TrialsStopped("the run was interrupted") from None
+    return proc.poll() is not None
 
 
 def run_dist_trial(
@@ -106,11 +120,12 @@ def run_dist_trial(
             env=env,
             start_new_session=True,
         )
-        timed_out = False
         try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+            timed_out = not _wait_unless_stopped(proc, timeout_s)
+        except BaseException:  # a Ctrl-C or a stop: torchrun's session is out of its reach
+            _kill_group(proc)
+            raise
+        if timed_out:
             _kill_group(proc)
     if not timed_out:
         try:  # compile workers of any rank must not outlive the trial

@@ -19,6 +19,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from torchkiln.runner.orphan import exit_with_launcher
 from torchkiln.runner.trial import TrialSpec
 from torchkiln.runner.worker import Phases, classify_error, write_json
 
@@ -283,4 +284,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    exit_with_launcher()  # a trial must not outlive the kiln that launched it
     sys.exit(main(sys.argv[1:]))

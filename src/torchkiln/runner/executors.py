@@ -30,6 +30,7 @@ from typing import Any
 
 from torchkiln.errors import KilnUserError, MissingExtraError, require
 from torchkiln.runner.host_lock import remove_lock_files
+from torchkiln.runner.orphan import stop_trials, trials_may_run
 from torchkiln.runner.trial import TrialSpec, base_result
 
 # run_one(spec, gpu) or, from a pool of several slots, run_one(spec, gpu, host_lock=PATH).
@@ -193,20 +194,31 @@ def stream(
     lock = host_lock_file()
     free = list(slots)
     running: dict[Future, tuple[Any, int | None]] = {}
+    stopped = False
     try:
         with ThreadPoolExecutor(max_workers=len(slots)) as pool:
-            while True:
-                while free and (item := next_trial()) is not None:
-                    slot = free.pop(0)
-                    running[pool.submit(_call, run_one, item[1], slot, lock)] = (item[0], slot)
-                if not running:
-                    return
-                done, _ = wait(running, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    tag, slot = running.pop(fut)
-                    free.append(slot)
-                    on_done(tag, fut.result())  # _call never raises
+            try:
+                while True:
+                    while free and (item := next_trial()) is not None:
+                        slot = free.pop(0)
+                        fut = pool.submit(_call, run_one, item[1], slot, lock)
+                        running[fut] = (item[0], slot)
+                    if not running:
+                        return
+                    done, _ = wait(running, return_when=FIRST_COMPLETED)
+                    for fut in done:
+                        tag, slot = running.pop(fut)
+                        free.append(slot)
+                        on_done(tag, fut.result())  # _call never raises an Exception
+            except BaseException:
+                # A Ctrl-C (or a failure here): the pool's shutdown below waits for its
+                # threads, so their trials are ended now rather than run to their end.
+                stopped = True
+                stop_trials()
+                raise
     finally:
+        if stopped:
+            trials_may_run()
         remove_lock_files(lock)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from torchkiln.runner.autotune_log import autotune_rounds, describe
 from torchkiln.runner.host_lock import HOST_LOCK_ENV, WAITING_SUFFIX
+from torchkiln.runner.orphan import TrialsStopped, launcher_env, stopping
 from torchkiln.runner.trial import TrialSpec, base_result
 from torchkiln.runner.worker import partial_path
 
@@ -94,36 +95,69 @@ def _spawn(
             env=env,
             start_new_session=True,
         )
-        start = last_poll = time.monotonic()
-        hard = None if wall_s is None else start + wall_s
-        last_phase, waited, stopped_by, written = "", 0.0, None, None
-        while True:
-            try:
-                proc.wait(timeout=0.25)
+        try:
+            state = _watch(proc, timeout_s, wall_s, phase_path, result_path, on_phase)
+        except BaseException:
+            # Ctrl-C, a stop (orphan.stop_trials) or an error here: the trial is in its own
+            # session, out of the signal's reach, and must not go on running on the device.
+            _kill_group(proc)
+            raise
+    return _after_exit(proc, *state, phase_path, result_path)
+
+
+def _watch(
+    proc: subprocess.Popen,
+    timeout_s: float,
+    wall_s: float | None,
+    phase_path: Path,
+    result_path: Path,
+    on_phase: Callable[[str], None] | None,
+) -> tuple[str, float, str | None]:
+    """Polls the worker until it exits, has written its result, or a limit passes: its last
+    phase, the seconds it waited for the host, and which limit stopped it (None: none)."""
+    start = last_poll = time.monotonic()
+    hard = None if wall_s is None else start + wall_s
+    last_phase, waited, stopped_by, written = "", 0.0, None, None
+    while True:
+        try:
+            proc.wait(timeout=0.25)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        if stopping():
+            raise TrialsStopped("the run was interrupted")
+        now = time.monotonic()
+        if last_phase.endswith(WAITING_SUFFIX):
+            waited += now - last_poll
+        last_poll = now
+        if phase_path.exists():
+            phase = phase_path.read_text().strip()
+            if phase and phase != last_phase:
+                last_phase = phase
+                if on_phase:
+                    on_phase(phase)
+        if result_path.exists():  # written whole (os.replace): only the exit is left
+            written = written or now
+            if now - written > EXIT_GRACE_S:
                 break
-            except subprocess.TimeoutExpired:
-                pass
-            now = time.monotonic()
-            if last_phase.endswith(WAITING_SUFFIX):
-                waited += now - last_poll
-            last_poll = now
-            if phase_path.exists():
-                phase = phase_path.read_text().strip()
-                if phase and phase != last_phase:
-                    last_phase = phase
-                    if on_phase:
-                        on_phase(phase)
-            if result_path.exists():  # written whole (os.replace): only the exit is left
-                written = written or now
-                if now - written > EXIT_GRACE_S:
-                    break
-            elif now > start + timeout_s + waited:
-                stopped_by = "own"
-            elif hard is not None and now > hard:
-                stopped_by = "wall"
-            if stopped_by:
-                _kill_group(proc)
-                break
+        elif now > start + timeout_s + waited:
+            stopped_by = "own"
+        elif hard is not None and now > hard:
+            stopped_by = "wall"
+        if stopped_by:
+            _kill_group(proc)
+            break
+    return last_phase, waited, stopped_by
+
+
+def _after_exit(
+    proc: subprocess.Popen,
+    last_phase: str,
+    waited: float,
+    stopped_by: str | None,
+    phase_path: Path,
+    result_path: Path,
+) -> Spawned:
     if stopped_by is None:
         # The trial itself is done; compile workers it left behind must not outlive it.
         try:
@@ -143,7 +177,7 @@ def _spawn(
 
 def trial_env(trial_dir: Path, cache_dir: str | None) -> tuple[dict[str, str], Path | None]:
     """Compile caches are explicit: a fresh one per trial (cold compile), or the one given."""
-    env = dict(os.environ)
+    env = launcher_env(dict(os.environ))  # the trial ends itself if this process dies
     env["PYTHONUNBUFFERED"] = "1"
     fresh = None
     if cache_dir:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkiln.runner.host_lock import WAITING_SUFFIX, HostLock
+from torchkiln.runner.orphan import exit_with_launcher
 from torchkiln.runner.trial import TrialSpec, base_result
 
 
@@ -150,4 +151,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    exit_with_launcher()  # a trial must not outlive the kiln that launched it
     sys.exit(main(sys.argv[1:]))
