@@ -23,6 +23,23 @@ def test_tune_an_in_memory_model_and_apply_the_pick(tmp_path):
     with torch.no_grad():
         assert torch.allclose(fast(x), model(x), rtol=1e-4, atol=1e-5)
 
+    # The same model into the same directory: every trial is reused, none measured again.
+    first = {t["id"]: t for t in result.doc["trials"] + result.doc["head_to_head_trials"]}
+    again = torchkiln.tune(model, (x,), device="cpu", budget="3m", out=tmp_path, reps=3)
+    trials = again.doc["trials"] + again.doc["head_to_head_trials"]
+    assert {t["id"] for t in trials} == set(first)
+    for t in trials:
+        assert t.get("reused") is True, t["id"]
+        assert t["steady_ms"] == first[t["id"]]["steady_ms"]
+    assert again.best == result.best
+
+    # Another model (other weights, same class and spec) is measured again, and says why.
+    torch.manual_seed(1)
+    other = torchkiln.tune(TinyNet().eval(), (x,), device="cpu", budget="1m", out=tmp_path, reps=3)
+    eager = other.doc["trials"][0]
+    assert eager["variant"] == "eager" and not eager.get("reused")
+    assert any("not reused" in n and "extra" in n for n in eager.get("notes", [])), eager["notes"]
+
 
 def test_a_class_defined_in_main_cannot_reach_a_trial_process(tmp_path):
     Local = type("Local", (torch.nn.Linear,), {"__module__": "__main__"})

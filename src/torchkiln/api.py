@@ -143,21 +143,25 @@ def bench(
     }
     run.write_manifest(info, ids)
     by_id: dict[str, dict[str, Any]] = {}
-    todo = []
+    todo, stale = [], {}
     for spec in specs:
-        done = run.load_result(spec.id)
+        done, why = run.reusable(spec)
         if done is not None:
             events.trial_finished(spec, done, resumed=True)
             by_id[spec.id] = done
         else:
             todo.append(spec)
+            if why:
+                stale[spec.id] = why
     order = {s.id: i for i, s in enumerate(specs)}
 
     def started(spec: TrialSpec) -> None:
         events.trial_started(order[spec.id], len(specs), spec)
 
     def finished(spec: TrialSpec, result: dict[str, Any]) -> None:
-        run.save_result(spec.id, result)  # as each ends: a lost run keeps what finished
+        if spec.id in stale:
+            result.setdefault("notes", []).append(stale[spec.id])
+        run.save_result(spec.id, result, spec)  # as each ends: a lost run keeps what finished
         run.write_manifest(info, ids)
         events.trial_finished(spec, result, resumed=False)
         by_id[spec.id] = result
@@ -231,7 +235,7 @@ def run_trials(
     results = []
     for spec in specs:
         result = run_trial(spec, run.trial_dir(spec.id), timeout_s=timeout_s)
-        run.save_result(spec.id, result)
+        run.save_result(spec.id, result, spec)
         if on_result:
             on_result(spec, result)
         results.append(result)

@@ -241,6 +241,8 @@ class _TuneProgress:
         sp = (result.get("speedup") or {}).get("median")
         over = result.get("baseline") or "eager"
         extra = f" {sp:.2f}x over {over}" if sp else f" {result.get('reason') or ''}"
+        if result.get("reused"):
+            extra += " (reused: finished in an earlier run into this directory, same settings)"
         self.console.print(f"  {result['variant']}: {result['status']}{extra}", highlight=False)
 
     def skipped(self, spec, why) -> None:
@@ -427,9 +429,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kiln: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        again = (
+            "the same command (same --out) reuses them"
+            if args.command == "tune"
+            else "continue with --resume DIR"
+        )
         print(
-            "kiln: interrupted; finished trials are saved in the run directory "
-            "(continue with --resume DIR)",
+            f"kiln: interrupted; finished trials are saved in the run directory ({again})",
             file=sys.stderr,
         )
         return 130

@@ -1,5 +1,6 @@
 """A run directory: one JSON per trial written as soon as it ends, plus a manifest, so a killed
-run loses nothing and `--resume DIR` skips what is done."""
+run loses nothing and `--resume DIR` skips what is done (only results measured the same way:
+reuse.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from torchkiln.runner.reuse import difference, fingerprint, retried
+from torchkiln.runner.trial import TrialSpec
 from torchkiln.runner.worker import write_json
 
 MANIFEST_SCHEMA = "torchkiln.run/1"
+REUSE_KEY = "reuse-key.json"  # beside result.json: what the result was measured with
 
 
 class RunDir:
@@ -31,9 +35,30 @@ class RunDir:
             return None
         return json.loads(path.read_text())
 
-    def save_result(self, trial_id: str, result: dict[str, Any]) -> None:
+    def reusable(self, spec: TrialSpec) -> tuple[dict[str, Any] | None, str | None]:
+        """The finished result of ``spec``'s trial if it was measured the same way (reuse.py),
+        else None and, where a result was there, why it is not reused."""
+        done = self.load_result(spec.id)
+        if done is None:
+            return None, None
+        key_path = self.trial_dir(spec.id) / REUSE_KEY
+        stored = json.loads(key_path.read_text()) if key_path.exists() else None
+        why = retried(done) or difference(stored, fingerprint(spec))
+        if why is None:
+            return done, None
+        return None, f"the result of an earlier run in {self.path} was not reused: {why}"
+
+    def save_result(
+        self, trial_id: str, result: dict[str, Any], spec: TrialSpec | None = None
+    ) -> None:
+        """With ``spec``, also what the result was measured with, so a later run into this
+        directory can reuse it (``reusable``); without, it is never reused."""
         self.trial_dir(trial_id).mkdir(parents=True, exist_ok=True)
+        key_path = self.trial_dir(trial_id) / REUSE_KEY
+        key_path.unlink(missing_ok=True)  # a result without its own key is never reused
         write_json(self.result_path(trial_id), result)
+        if spec is not None:
+            write_json(key_path, fingerprint(spec))
 
     def manifest(self) -> dict[str, Any] | None:
         if not self.manifest_path.exists():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import os
 import re
 import time
@@ -99,6 +100,11 @@ def tune(
         why = inmemory.save(model_or_factory, example_inputs, out / "inmemory.pt")
         if why is None:
             os.environ[inmemory.ENV] = str((out / "inmemory.pt").resolve())
+            # Every in-memory model has the same workload spec: its bytes tell them apart, so
+            # a later tune into this directory reuses no trial of another model.
+            digest = hashlib.sha256((out / "inmemory.pt").read_bytes()).hexdigest()
+            extra = {**overrides.get("extra", {}), "model_sha256": digest}
+            kwargs["spec_overrides"] = {**overrides, "extra": extra}
             return TuneResult(run_pipeline(inmemory.SPEC, **kwargs), out)
         warnings.warn(f"{why}; running trials in this process (no crash isolation)", stacklevel=2)
         model, inputs = model_or_factory, example_inputs

@@ -466,10 +466,13 @@ def tune(
         gpu: int | None = None,
         host_lock: str | None = None,
     ) -> dict[str, Any]:
-        done = run.load_result(spec.id)
-        if done is None and in_process:
+        done, stale = run.reusable(spec)
+        if done is not None:
+            # Finished in an earlier run into this directory, measured the same way (reuse.py).
+            done["reused"] = True
+        elif in_process:
             done = run_in_process(spec)
-        elif done is None:
+        else:
             # Every later stage checks that its trials fit what is left; the eager baseline
             # runs whatever the budget (nothing can be tuned without it).
             limit = left() - FINAL_RESERVE_S
@@ -488,7 +491,9 @@ def tune(
             note = stop_note(done.get("stopped_by"), own, wall, limit)
             if done.get("status") == "timeout" and note:
                 done["reason"] = f"{done['reason']}; {note}"
-            run.save_result(spec.id, done)
+            if stale:
+                done.setdefault("notes", []).append(stale)
+            run.save_result(spec.id, done, spec)
         events.trial_done(done, left())
         return done
 
