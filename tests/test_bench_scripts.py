@@ -25,11 +25,16 @@ def _run_benchmark(script: str, *args: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("bench_tune", ROOT / "benchmarks/bench_tune.py")
+def _load(name: str):
+    """A benchmarks/ script imported as a module (its functions, not its main)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _script():
+    return _load("bench_tune")
 
 
 def _trial(variant, speedup, ci, status="ok", passed=True):
@@ -274,3 +279,37 @@ def test_a_stopped_plain_run_is_summarised_from_what_it_left(tmp_path):
     assert out["pick_over_best_plain"]["ratio"] == pytest.approx(5.0)
     assert list(out["not_measured"]) == ["inductor:mode=max-autotune"]
     assert out["environment"] == {"kiln_git_sha": "abc"}
+
+
+def test_tune_reuse_check_judges_what_each_run_reused():
+    check = _load("tune_reuse_check")
+
+    def trial(i, device="cuda", reused=False, notes=()):
+        return {"id": i, "variant": i[3:], "status": "ok", "device": device, "steady_ms": 1.0,
+                "reused": reused, "notes": list(notes)}  # fmt: skip
+
+    def run(rc, trials, on_disk, wall=10.0, at=None, best="inductor"):
+        doc = None if trials is None else {"trials": trials, "selection": {"best": best}}
+        return {"rc": rc, "wall_s": wall, "interrupted_at_s": at, "doc": doc,
+                "trials_on_disk": {t["id"]: t for t in on_disk}}  # fmt: skip
+
+    stale = "not reused: it was measured with other settings (device 'cpu' -> 'cuda')"
+    b_disk = [trial("00-eager", notes=[stale]), trial("01-inductor")]
+    a = run(0, [trial("00-eager", "cpu")], [trial("00-eager", "cpu")])
+    b = run(130, None, b_disk, at=40.0)
+    c_trials = [trial("00-eager", reused=True), trial("01-inductor", reused=True),
+                trial("02-inductor_mode_reduce-overhead")]  # fmt: skip
+    c = run(0, c_trials, c_trials, wall=90.0)
+    d = run(0, [{**t, "reused": True} for t in c_trials], c_trials, wall=30.0)
+    assert all(check.judge(a, b, c, d).values())
+    # Each way it can go wrong is caught: C takes a trial B never finished as done; D measures
+    # one again; B's note does not say why A's result was not reused; D is slower than C.
+    c_bad = run(0, [{**t, "reused": True} for t in c_trials], c_trials, wall=90.0)
+    assert not check.judge(a, b, c_bad, d)["C reused exactly B's finished trials"]
+    d_bad = run(0, c_trials, c_trials, wall=30.0)
+    assert not check.judge(a, b, c, d_bad)["D reused every trial"]
+    b_bad = run(130, None, [trial("00-eager"), trial("01-inductor")], at=40.0)
+    assert not check.judge(a, b_bad, c, d)["B says why A's trial was not reused"]
+    assert not check.judge(a, b, c, run(0, d["doc"]["trials"], c_trials, wall=95.0))[
+        "D took less wall time than C"
+    ]
