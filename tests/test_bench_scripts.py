@@ -288,28 +288,34 @@ def test_tune_reuse_check_judges_what_each_run_reused():
         return {"id": i, "variant": i[3:], "status": "ok", "device": device, "steady_ms": 1.0,
                 "reused": reused, "notes": list(notes)}  # fmt: skip
 
-    def run(rc, trials, on_disk, wall=10.0, at=None, best="inductor"):
-        doc = None if trials is None else {"trials": trials, "selection": {"best": best}}
-        return {"rc": rc, "wall_s": wall, "interrupted_at_s": at, "doc": doc,
+    def run(rc, trials, on_disk, stopped=None, left=None):
+        doc = None if trials is None else {"trials": trials, "selection": {"best": "x"}}
+        return {"rc": rc, "wall_s": 9.0, "interrupted_at_s": 40.0 if stopped else None,
+                "stopped_trial": stopped, "trial_processes_after": left, "doc": doc,
                 "trials_on_disk": {t["id"]: t for t in on_disk}}  # fmt: skip
 
-    stale = "not reused: it was measured with other settings (device 'cpu' -> 'cuda')"
-    b_disk = [trial("00-eager", notes=[stale]), trial("01-inductor")]
+    stale = "not reused, as it was measured with other settings (device 'cpu' -> 'cuda')"
     a = run(0, [trial("00-eager", "cpu")], [trial("00-eager", "cpu")])
-    b = run(130, None, b_disk, at=40.0)
-    c_trials = [trial("00-eager", reused=True), trial("01-inductor", reused=True),
-                trial("02-inductor_mode_reduce-overhead")]  # fmt: skip
-    c = run(0, c_trials, c_trials, wall=90.0)
-    d = run(0, [{**t, "reused": True} for t in c_trials], c_trials, wall=30.0)
+    b = run(130, None, [trial("00-eager", notes=[stale])], stopped="01-inductor", left=[])
+    c_trials = [trial("00-eager", reused=True), trial("01-inductor"), trial("02-cudagraphs")]
+    c = run(0, c_trials, c_trials)
+    d_trials = [{**t, "reused": True} for t in c_trials] + [trial("03-inductor_mode_x")]
+    d = run(0, d_trials, d_trials)
     assert all(check.judge(a, b, c, d).values())
-    # Each way it can go wrong is caught: C takes a trial B never finished as done; D measures
-    # one again; B's note does not say why A's result was not reused; D is slower than C.
-    c_bad = run(0, [{**t, "reused": True} for t in c_trials], c_trials, wall=90.0)
-    assert not check.judge(a, b, c_bad, d)["C reused exactly B's finished trials"]
-    d_bad = run(0, c_trials, c_trials, wall=30.0)
-    assert not check.judge(a, b, c, d_bad)["D reused every trial"]
-    b_bad = run(130, None, [trial("00-eager"), trial("01-inductor")], at=40.0)
-    assert not check.judge(a, b_bad, c, d)["B says why A's trial was not reused"]
-    assert not check.judge(a, b, c, run(0, d["doc"]["trials"], c_trials, wall=95.0))[
-        "D took less wall time than C"
-    ]
+    # Each way it can go wrong is caught.
+    orphan = run(130, None, b["trials_on_disk"].values(), stopped="01-inductor", left=["w"])
+    assert not check.judge(a, orphan, c, d)["B left no trial process running"]
+    recorded = run(
+        130, None, [*b["trials_on_disk"].values(), trial("01-inductor")], "01-inductor", []
+    )
+    judged = check.judge(a, recorded, c, d)
+    assert not judged["B left the stopped trial unrecorded"]
+    assert not judged["B saved what it finished, on cuda"]
+    silent = run(130, None, [trial("00-eager")], stopped="01-inductor", left=[])
+    assert not check.judge(a, silent, c, d)["B says why A's baseline was not reused"]
+    c_took = run(0, [{**t, "reused": True} for t in c_trials], c_trials)
+    judged = check.judge(a, b, c_took, d)
+    assert not judged["C reused exactly what B finished"]
+    assert not judged["C measured the stopped trial"]
+    d_again = run(0, c_trials, c_trials)
+    assert not check.judge(a, b, c, d_again)["D measured none of C's trials again"]

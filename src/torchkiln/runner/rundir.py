@@ -46,7 +46,8 @@ class RunDir:
         why = retried(done) or difference(stored, fingerprint(spec))
         if why is None:
             return done, None
-        return None, f"the result of an earlier run in {self.path} was not reused: {why}"
+        left = f"the result an earlier run left in {self.path}"
+        return None, f"measured afresh: {left} was not reused, as {why}"
 
     def save_result(
         self, trial_id: str, result: dict[str, Any], spec: TrialSpec | None = None
