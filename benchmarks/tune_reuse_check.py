@@ -63,8 +63,15 @@ def search_trial_compiling(cwd: Path, t0: float) -> str | None:
 
 def trial_processes() -> list[str]:
     """Command lines of kiln trial processes still running (none may outlive a Ctrl-C)."""
-    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "torchkiln.runner.worker" in line]
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # the process ended while being read
+            continue
+        if "torchkiln.runner.worker" in args:
+            found.append(args.strip())
+    return found
 
 
 def tune(cwd: Path, args: tuple[str, ...], interrupt: bool = False) -> dict[str, Any]:
