@@ -109,3 +109,25 @@ def test_lists_come_from_the_registries():
     assert "mode=default" in proc.stdout and "+channels_last" in proc.stdout
     proc = kiln("workloads")
     assert all(name in proc.stdout for name in ("simple", "resnet50", "bert-base"))
+
+
+@pytest.mark.parametrize(
+    "command, target, says",
+    [
+        (["tune", "--device", "cpu"], "torchkiln.tune.pipeline", "same --out, reuses them"),
+        (["bench", "simple", "--device", "cpu"], "torchkiln.api", "--resume DIR"),
+    ],
+)
+def test_a_ctrl_c_exits_130_saying_how_to_go_on(command, target, says, monkeypatch, capsys):
+    import importlib
+
+    from torchkiln import cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    # The command's own entry (tune, bench), named by the module the CLI calls it from.
+    monkeypatch.setattr(importlib.import_module(target), command[0], interrupted)
+    assert cli.main(command) == 130
+    err = capsys.readouterr().err
+    assert "interrupted; finished trials are saved in the run directory" in err and says in err

@@ -430,12 +430,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         again = (
-            "the same command (same --out) reuses them"
+            "the same command, with the same --out, reuses them"
             if args.command == "tune"
             else "continue with --resume DIR"
         )
         print(
-            f"kiln: interrupted; finished trials are saved in the run directory ({again})",
+            f"kiln: interrupted; finished trials are saved in the run directory: {again}",
             file=sys.stderr,
         )
         return 130
