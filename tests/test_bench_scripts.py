@@ -220,6 +220,7 @@ def test_aa_order_probe_times_every_instance_against_the_first_on_the_cpu(place)
 def test_bench_zoo_aa_check_on_the_cpu_writes_its_verdict(tmp_path):
     """The A/A the GPU plans run, on the CPU's tiny preset, with a chosen variant: its verdict
     file is named for the variant and carries each instance pair's ratio."""
+    pytest.importorskip("torchvision")  # the A/A check times resnet50
     proc = _run_benchmark(
         "bench_zoo.py",
         *("--out", str(tmp_path)),

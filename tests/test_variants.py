@@ -89,12 +89,22 @@ def test_regions_finds_the_repeated_layers():
     from torchkiln.variants.regions import NoRepeatedBlocks, repeated_blocks
     from torchkiln.workloads import load_workload
 
+    pytest.importorskip("transformers")
     bert = repeated_blocks(load_workload("bert-base", preset="tiny").model)
     assert [type(b).__name__ for b in bert] == ["BertLayer"] * 12
-    resnet = repeated_blocks(load_workload("resnet50", preset="tiny").model)
-    assert len(resnet) == 16 and type(resnet[0]).__name__ == "Bottleneck"
     with pytest.raises(NoRepeatedBlocks, match="does not apply"):
         repeated_blocks(load_workload("simple", preset="tiny").model)
+
+
+def test_regions_finds_resnets_bottlenecks():
+    from torchkiln.variants.regions import repeated_blocks
+    from torchkiln.workloads import load_workload
+
+    pytest.importorskip(
+        "torchvision"
+    )  # the vision extra (none imports beside torch 2.13's CPU build)
+    resnet = repeated_blocks(load_workload("resnet50", preset="tiny").model)
+    assert len(resnet) == 16 and type(resnet[0]).__name__ == "Bottleneck"
 
 
 def test_regions_is_an_inductor_scope_only():
