@@ -11,7 +11,7 @@ import threading
 import time
 
 from tests_helpers import _trial
-from torchkiln.tune import pipeline
+from torchkiln.tune import evidence, pipeline
 
 
 def test_independent_candidates_run_at_once_one_per_gpu(tmp_path, monkeypatch):
@@ -51,8 +51,8 @@ def test_independent_candidates_run_at_once_one_per_gpu(tmp_path, monkeypatch):
     monkeypatch.setattr(pipeline, "run_trial", fake_run_trial)
     monkeypatch.setattr(pipeline, "visible_gpus", lambda device: [0, 1])
     monkeypatch.setattr(pipeline, "preflight", lambda *a, **k: {"ok": True})
-    monkeypatch.setattr(pipeline, "_profile_verdict", lambda spec, t: {"verdict": "balanced"})
-    monkeypatch.setattr(pipeline, "_graph_breaks", lambda spec, t: {"breaks": 0})
+    monkeypatch.setattr(evidence, "profile_verdict", lambda spec, t: {"verdict": "balanced"})
+    monkeypatch.setattr(evidence, "graph_breaks", lambda spec, t: {"breaks": 0})
 
     doc = pipeline.tune("simple", device="cpu", preset="tiny", budget_s=600, out=tmp_path / "t")
 

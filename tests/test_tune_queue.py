@@ -76,7 +76,7 @@ def test_a_candidate_is_deferred_once_and_refinements_take_turns_too():
 
 
 def test_the_second_turn_keeps_time_only_for_finalists_already_measured():
-    from torchkiln.tune.pipeline import head_to_head_reserve
+    from torchkiln.tune.limits import head_to_head_reserve
 
     eager = {"variant": "eager", "status": "ok", "process_wall_s": 15.0}
     # One compiled variant measured (session 20's `simple` tune on an H200: cudagraphs after

@@ -201,7 +201,7 @@ def test_one_slot_runs_trials_in_this_thread_one_after_another():
 
 
 def test_estimates_learn_from_measured_compile_times():
-    from torchkiln.tune.pipeline import Estimator
+    from torchkiln.tune.limits import Estimator
     from torchkiln.tune.search import Candidate
 
     est = Estimator(overhead_s=10.0, default_compile_s=20.0)
@@ -427,14 +427,14 @@ def test_an_allowed_precision_leads_every_gpu_search_and_fp32_follows():
 
 
 def test_a_search_trial_is_capped_at_a_multiple_of_its_estimate():
-    from torchkiln.tune.pipeline import TRIAL_CAP_FACTOR, TRIAL_CAP_MIN_S, trial_cap_s
+    from torchkiln.tune.limits import TRIAL_CAP_FACTOR, TRIAL_CAP_MIN_S, trial_cap_s
 
     assert trial_cap_s(10.0) == TRIAL_CAP_MIN_S
     assert trial_cap_s(400.0) == pytest.approx(400.0 * TRIAL_CAP_FACTOR)
 
 
 def test_the_search_keeps_time_for_the_head_to_head_stage():
-    from torchkiln.tune.pipeline import (
+    from torchkiln.tune.limits import (
         H2H_COST_FACTOR,
         H2H_RESERVE_SHARE,
         head_to_head_cost,
@@ -476,7 +476,7 @@ def test_the_search_keeps_time_for_the_head_to_head_stage():
 def test_a_trial_capped_by_the_budget_stops_early_enough_to_keep_the_reserve():
     """Session 7: a trial stopped exactly where the search's share ended overran it by the
     seconds its stop took, and the head-to-head it left time for missed by about 1 s."""
-    from torchkiln.tune.pipeline import TRIAL_CAP_MIN_S, TRIAL_STOP_S, search_limits
+    from torchkiln.tune.limits import TRIAL_CAP_MIN_S, TRIAL_STOP_S, search_limits
 
     # Plenty of room: the trial's own cap (at least TRIAL_CAP_MIN_S) within the search's room.
     assert search_limits(30.0, 400.0) == (TRIAL_CAP_MIN_S, 400.0 - TRIAL_STOP_S)
@@ -487,7 +487,7 @@ def test_a_trial_capped_by_the_budget_stops_early_enough_to_keep_the_reserve():
     assert search_limits(60.0, 4.0)[1] == 1.0
     # A candidate the search lets start (its estimate within search_room) is never given less
     # time than its estimate (a CPU tune once started eager+bf16 with a 1 s limit).
-    from torchkiln.tune.pipeline import search_room
+    from torchkiln.tune.limits import search_room
 
     for left in (5.0, 11.0, 40.0, 87.0, 400.0):
         for need in (0.5, 8.0, 30.0, 77.0):
@@ -498,7 +498,7 @@ def test_a_trial_capped_by_the_budget_stops_early_enough_to_keep_the_reserve():
 def test_a_stopped_trial_is_told_which_limit_stopped_it():
     """Session 10, bert-base training on two H200s: a trial's reason has to say whether its own
     cap (waits for the host not counted) or the search's share of the budget ended it."""
-    from torchkiln.tune.pipeline import BUDGET_CAP_NOTE, CAP_NOTE, stop_note
+    from torchkiln.tune.limits import BUDGET_CAP_NOTE, CAP_NOTE, stop_note
 
     assert stop_note("own", own_s=120.0, wall_s=300.0, limit_s=400.0) == CAP_NOTE
     assert stop_note("wall", own_s=120.0, wall_s=77.0, limit_s=400.0) == BUDGET_CAP_NOTE

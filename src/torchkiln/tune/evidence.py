@@ -1,0 +1,98 @@
+"""The evidence a tune gathers before its search: a quick environment check, the eager step's
+profile verdict (`kiln profile`) and its graph breaks (`kiln explain`), and two facts about the
+model (convolutions, repeated blocks). A stage that fails is reported and the search goes on
+without its evidence."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import shutil
+from typing import Any
+
+from torchkiln.errors import KilnUserError
+from torchkiln.runner.trial import TrialSpec
+
+
+def environment_check(device: str) -> dict[str, Any]:
+    """A quick check (the full one is `kiln doctor`): can this machine compile at all?"""
+    import torch
+
+    problems = []
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise KilnUserError("--device cuda was asked for, but no CUDA GPU is visible")
+        if importlib.util.find_spec("triton") is None:
+            problems.append("triton is not installed: Inductor cannot generate GPU kernels")
+    elif shutil.which("g++") is None and shutil.which("c++") is None:
+        problems.append("no C++ compiler on PATH: Inductor cannot compile for the CPU")
+    return {"ok": not problems, "problems": problems, "torch": torch.__version__}
+
+
+def profile_verdict(spec: TrialSpec, timeout_s: float) -> dict[str, Any]:
+    try:
+        profile = importlib.import_module("torchkiln.diagnose.profile")
+    except ImportError as exc:
+        return {"status": "skipped", "reason": f"kiln profile is not available ({exc})"}
+    doc = profile.run_profile(
+        spec.workload,
+        variant="eager",
+        step=spec.step,
+        device=spec.device,
+        preset=spec.preset,
+        batch_size=spec.batch_size,
+        timeout_s=timeout_s,
+    )
+    verdict = doc.get("verdict") or {}
+    return {"status": doc.get("status", "ok"), "verdict": verdict.get("kind"), "detail": verdict}
+
+
+def graph_breaks(spec: TrialSpec, timeout_s: float) -> dict[str, Any]:
+    from torchkiln.diagnose.explain import explain
+
+    report = explain(
+        spec.workload,
+        preset=spec.preset,
+        variant="inductor",
+        recompiles=False,
+        device=spec.device,
+        timeout=timeout_s,
+    )
+    if report.get("status") not in ("ok", "phase-error"):
+        return {"status": report.get("status"), "breaks": None}
+    breaks = report.get("breaks") or []
+    return {
+        "status": report.get("status"),
+        "breaks": len(breaks),
+        "graphs": (report.get("graphs") or {}).get("count"),
+        "captured_share": (report.get("graphs") or {}).get("captured_share"),
+        "first_breaks": [
+            {k: b.get(k) for k in ("file", "line", "source", "category", "fix")} for b in breaks[:5]
+        ],
+    }
+
+
+def stage(fn: Any, spec: TrialSpec, timeout_s: float) -> dict[str, Any]:
+    """An evidence stage that fails is reported and the search goes on without its evidence."""
+    try:
+        return fn(spec, timeout_s)
+    except KilnUserError:
+        raise
+    except Exception as exc:  # noqa: BLE001  (every failure becomes a reported status)
+        return {"status": "error", "reason": f"{type(exc).__name__}: {exc}"[:2000]}
+
+
+def model_facts(spec: TrialSpec) -> tuple[bool, bool]:
+    """(has convolutions, has repeated blocks for scope=regions)."""
+    import torch.nn as nn
+
+    from torchkiln.variants.regions import NoRepeatedBlocks, repeated_blocks
+    from torchkiln.workloads import load_workload
+
+    w = load_workload(spec.workload, preset=spec.preset, batch_size=spec.batch_size)
+    conv = w.convolutional or any(isinstance(m, nn.Conv2d) for m in w.model.modules())
+    try:
+        repeated_blocks(w.model)
+    except NoRepeatedBlocks:
+        return conv, False
+    return conv, True

@@ -1,0 +1,166 @@
+"""How long each part of a tune may take: a search trial's cap and the room the budget leaves
+it, why a stopped trial was stopped, the time kept for the head-to-head stage and the report,
+and the estimates of a candidate's trial learned from those already run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchkiln.tune.search import estimate_trial_s
+from torchkiln.tune.select import finalists
+
+# A search trial may run this many times its estimate (at least TRIAL_CAP_MIN_S) before it is
+# stopped as a timeout: on an H200 a max-autotune compile ran 10-33x the default mode's (resnet50
+# fp32 past 600 s, `benchmarks/results/zoo-h200`), and one such compile must not spend the
+# budget that every remaining candidate needs.
+TRIAL_CAP_FACTOR = 3.0
+TRIAL_CAP_MIN_S = 120.0
+CAP_NOTE = (
+    f"stopped at {TRIAL_CAP_FACTOR:.0f}x its estimated time so that one compile cannot spend "
+    "the budget the other candidates need"
+)
+
+BUDGET_CAP_NOTE = (
+    "stopped where the search's share of the budget ended (the rest is kept for the "
+    "head-to-head comparison and the report)"
+)
+
+
+def trial_cap_s(estimate_s: float) -> float:
+    return max(TRIAL_CAP_MIN_S, TRIAL_CAP_FACTOR * estimate_s)
+
+
+# A search trial stopped where the search's share of the budget ends is given that share less
+# this: stopping it and collecting its result take seconds, which would otherwise come out of
+# the time kept for the head-to-head. Session 7's resnet50 and bert-base training tunes each
+# skipped their head-to-head for about 1 s after such a trial (estimated 144 s with 143 left
+# after the final reserve; 103 with 103).
+TRIAL_STOP_S = 10.0
+
+
+def search_room(search_left_s: float) -> float:
+    """Seconds a search trial may still run: the search's share of the budget less the time
+    stopping a trial takes (TRIAL_STOP_S). A candidate whose estimate exceeds it is skipped."""
+    return search_left_s - TRIAL_STOP_S
+
+
+def search_limits(estimate_s: float, search_left_s: float) -> tuple[float, float]:
+    """A search trial's two limits: its own cap (trial_cap_s; its waits for a turn on the host
+    do not count) and the wall time the search has room for (search_room), which they do."""
+    return trial_cap_s(estimate_s), max(1.0, search_room(search_left_s))
+
+
+def stop_note(stopped_by: str | None, own_s: float, wall_s: float, limit_s: float) -> str:
+    """Why a stopped trial was stopped where it was: its cap (CAP_NOTE), the search's share of
+    the budget (BUDGET_CAP_NOTE, when that is shorter than the whole budget left), or nothing
+    to add (the whole budget, which the report states)."""
+    if stopped_by == "own" and own_s < limit_s:
+        return CAP_NOTE
+    if stopped_by == "wall" and wall_s < limit_s:
+        return BUDGET_CAP_NOTE
+    return ""
+
+
+# Seconds kept after the last trial: a trial stopped at its limit may take 5 s to end politely
+# (launch._kill_group), then selection and the reports. Session 5's tunes ended at 600.3 and
+# 601.2 s of a 600 s budget, their last trials given whatever was left.
+FINAL_RESERVE_S = 10.0
+# The search leaves time for the head-to-head stage: two compiles in one process for each
+# challenger, estimated from the search's own trials, at most this share of the budget. In
+# session 5 bert-base's search spent the whole budget and the tie it left was settled by
+# compile cost: the pick was 2.4% slower than the runner-up when they were timed together.
+H2H_RESERVE_SHARE = 0.25
+
+
+# Phases a head-to-head trial does not repeat: its arms' search trials checked correctness
+# and counted kernels, and waited for the host while a neighbour on the other GPU held it; the
+# head-to-head runs after the search, alone. Counting that wait cost session 11's bert-base
+# train tune on two H200s its head-to-head: 199 s estimated (42.8 s of it the leader's wait),
+# 160 s left, and 170 s of the budget went unused.
+NOT_IN_H2H = ("correctness_compile", "correctness", "kernels", "host_wait")
+
+
+def _h2h_arm_s(r: dict[str, Any]) -> float:
+    """Seconds one arm adds to a head-to-head process: its search trial's process time less
+    what the head-to-head does not repeat."""
+    phases = r.get("phase_s") or {}
+    spared = sum(float(phases.get(k) or 0.0) for k in NOT_IN_H2H)
+    return max(1.0, float(r.get("process_wall_s") or 0.0) - spared)
+
+
+# A trial process's start-up: interpreter and imports (process time not in the worker's wall
+# time), then the phases before the first build.
+START_PHASES = ("start", "environment", "setup")
+
+
+def _start_s(r: dict[str, Any]) -> float:
+    phases = r.get("phase_s") or {}
+    before = 0.0
+    if r.get("wall_s") is not None and r.get("process_wall_s") is not None:
+        before = max(0.0, float(r["process_wall_s"]) - float(r["wall_s"]))
+    return before + sum(float(phases.get(k) or 0.0) for k in START_PHASES)
+
+
+# What a head-to-head trial took over head_to_head_cost's sum of its arms, in every one the
+# H200 tunes under benchmarks/results/tune-h200 ran (sessions 6-13): 0.56-0.84 (72.8 of 94.6
+# s, 47.0 / 76.4, 100.2 / 119.7, 51.6 / 91.9, 66.2 / 103.7, 107.2 / 143.8, 105.6 / 159.5). The
+# estimate is scaled by the largest: at 1.0, session 20's 2-minute `simple` tune on an H200
+# kept 34 s for its head-to-head and skipped it with 33 s left.
+H2H_COST_FACTOR = 0.85
+
+
+def head_to_head_cost(leader: dict[str, Any], challenger: dict[str, Any]) -> float:
+    """Seconds a head-to-head trial of two measured variants should take: both arms in one
+    process, which starts once, scaled by H2H_COST_FACTOR. Session 6's bert-base tune: arms of
+    66 and 44 s (99 and 55 s with their correctness checks and kernel counts), starts of 15 and
+    16 s: 95 s before the scaling, where the trial took 73 s."""
+    start = min(_start_s(leader), _start_s(challenger))
+    return H2H_COST_FACTOR * (_h2h_arm_s(leader) + _h2h_arm_s(challenger) - start)
+
+
+def head_to_head_reserve(
+    results: list[dict[str, Any]],
+    budget_s: float,
+    eager: dict[str, Any] | None = None,
+    allow_precision: set[str] | frozenset[str] = frozenset(),
+    more_to_come: bool = True,
+) -> float:
+    """Seconds to keep for the head-to-head stage as the search stands: the current leader
+    against each challenger (select.finalists), at most H2H_RESERVE_SHARE of the budget.
+    Before two variants are measured, twice the one measured (or four eager processes).
+    Session 6's bert-base tune kept the two slowest search trials' times (149 + 99 s, capped
+    at 150) where its head-to-head took 73 s, and skipped reduce-overhead+bf16, the eventual
+    best plain mode, for want of 13 s. With `more_to_come` False (the search's deferred
+    candidates' second turn, SearchQueue) only the finalists already measured count."""
+    final = finalists(results, eager, set(allow_precision)) if eager else []
+    if final:
+        need = sum(head_to_head_cost(final[0], c) for c in final[1:])
+    elif not more_to_come:
+        need = 0.0
+    else:
+        measured = [
+            _h2h_arm_s(r)
+            for r in results
+            if r.get("status") == "ok" and r.get("variant") != "eager"
+        ]
+        if measured:
+            need = 2 * max(measured)
+        else:
+            base = eager or next((r for r in results if r.get("variant") == "eager"), {})
+            need = 4 * float(base.get("process_wall_s") or 30.0)
+    return min(need, H2H_RESERVE_SHARE * budget_s)
+
+
+class Estimator:
+    """Seconds a candidate's trial should take, learned from the trials already run."""
+
+    def __init__(self, overhead_s: float, default_compile_s: float = 20.0) -> None:
+        self.overhead_s = overhead_s
+        self.default_compile_s = default_compile_s
+
+    def __call__(self, cand: Any) -> float:
+        return estimate_trial_s(cand, self.overhead_s, self.default_compile_s)
+
+    def learn(self, cand: Any, result: dict[str, Any]) -> None:
+        if result.get("status") == "ok" and cand.compile_factor > 0:
+            self.default_compile_s = max(1.0, result["first_call_s"] / cand.compile_factor)
