@@ -131,3 +131,31 @@ def test_a_ctrl_c_exits_130_saying_how_to_go_on(command, target, says, monkeypat
     assert cli.main(command) == 130
     err = capsys.readouterr().err
     assert "interrupted; finished trials are saved in the run directory" in err and says in err
+
+
+def test_the_tune_console_gathers_deferrals_and_second_turn_skips_into_one_line_each():
+    import io
+
+    from rich.console import Console
+
+    from torchkiln.cli import _TuneProgress
+
+    sink = io.StringIO()
+    progress = _TuneProgress(Console(file=sink, width=400, color_system=None))
+    room = "would not fit the budget (estimated {} s, 12 s left after the time kept for ...)"
+    progress.deferred("inductor", room.format(41) + "; tried again when the queue is empty")
+    progress.deferred("cudagraphs", room.format(31) + "; tried again when the queue is empty")
+    progress.stage("search", "inductor:fullgraph=true (of 6)", 62.0)
+    progress.skipped("inductor", room.format(30))
+    progress.skipped("cudagraphs", room.format(24))
+    progress.skipped("x vs y", "would not fit [the budget]")  # not deferred: its own line
+    progress.flush()
+    lines = sink.getvalue().splitlines()
+    assert lines == [
+        "  deferred to a second turn (not fitting what is left yet): inductor (~41 s), "
+        "cudagraphs (~31 s); 12 s left",
+        "search inductor:fullgraph=true (of 6)  (62 s left)",
+        "  skipped at their second turn (still not fitting): inductor (~30 s), cudagraphs "
+        "(~24 s); 12 s left",
+        "  skipped x vs y: would not fit [the budget]",
+    ]

@@ -222,22 +222,52 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
 
 
 class _TuneProgress:
-    def __init__(self) -> None:
+    """The tune's live console. Candidates deferred for want of time, and those skipped when
+    they still do not fit at their second turn, are gathered into one line each: a 2-minute
+    tune on an H200 printed six deferrals and five skips of the same candidates, 30 wrapped
+    lines (benchmarks/results/tune-h200/session22-reuse)."""
+
+    def __init__(self, console: Any = None) -> None:
         from rich.console import Console
 
-        self.console = Console(stderr=True)
+        self.console = console or Console(stderr=True)
+        self._deferred: set[str] = set()
+        # kind -> (spec, estimated s, s left), as the budget reason gives them
+        self._held: dict[str, list[tuple[str, str, str]]] = {"deferred": [], "skipped": []}
+
+    def flush(self) -> None:
+        """Print the gathered deferrals and skips (at the next other event, and at the end)."""
+        labels = {
+            "deferred": "[dim]deferred to a second turn (not fitting what is left yet)",
+            "skipped": "[yellow]skipped[/yellow] [dim]at their second turn (still not fitting)",
+        }
+        from rich.markup import escape
+
+        for kind, held in self._held.items():
+            if held:
+                names = ", ".join(
+                    f"{escape(spec)} (~{need} s)" if need else escape(spec)
+                    for spec, need, _ in held
+                )
+                left = held[-1][2]
+                tail = f"; {left} s left" if left else ""
+                self.console.print(f"  {labels[kind]}: {names}{tail}[/dim]", highlight=False)
+                held.clear()
 
     def stage(self, name, detail, seconds_left) -> None:
+        self.flush()
         self.console.print(f"[bold]{name}[/bold] {detail}  [dim]({seconds_left:.0f} s left)[/dim]")
 
     def trial_phase(self, spec, phase, seconds_left) -> None:
         # A pooled trial's wait for its turn on the host shows as "<phase> (waiting for ...)".
         if phase not in ("first_call", "measure", "correctness_compile") and "waiting" not in phase:
             return
+        self.flush()
         label = {"first_call": "compiling (first call)", "measure": "measuring"}.get(phase, phase)
         self.console.print(f"  [dim]{spec}: {label} ({seconds_left:.0f} s left)[/dim]")
 
     def trial_done(self, result, seconds_left) -> None:
+        self.flush()
         sp = (result.get("speedup") or {}).get("median")
         over = result.get("baseline") or "eager"
         extra = f" {sp:.2f}x over {over}" if sp else f" {result.get('reason') or ''}"
@@ -246,10 +276,27 @@ class _TuneProgress:
         self.console.print(f"  {result['variant']}: {result['status']}{extra}", highlight=False)
 
     def skipped(self, spec, why) -> None:
-        self.console.print(f"  [yellow]skipped[/yellow] {spec}: {why}")
+        if spec in self._deferred:
+            self._held["skipped"].append((spec, *_estimate_of(why)))
+            return
+        self.flush()
+        from rich.markup import escape
+
+        self.console.print(
+            f"  [yellow]skipped[/yellow] {escape(spec)}: {escape(why)}", highlight=False
+        )
 
     def deferred(self, spec, why) -> None:
-        self.console.print(f"  [dim]deferred {spec}: {why}[/dim]")
+        self._deferred.add(spec)
+        self._held["deferred"].append((spec, *_estimate_of(why)))
+
+
+def _estimate_of(why: str) -> tuple[str, str]:
+    """(estimated s, s left) out of a budget reason (tune.pipeline's `fits`), else blanks."""
+    import re
+
+    found = re.search(r"estimated (\d+) s, (\d+) s left", why)
+    return (found[1], found[2]) if found else ("", "")
 
 
 def _auto_budget(budget: str, device: str) -> str:
@@ -273,6 +320,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             f"--allow-precision {sorted(bad)}; choose from {sorted(NUMERICS_CHANGING)}"
         )
     out = args.out or f"kiln-runs/tune-{args.workload.replace('/', '_')}-{args.step}"
+    progress = _TuneProgress()
     doc = tune(
         args.workload,
         step=args.step,
@@ -283,9 +331,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
         steps=args.steps,
         allow_precision=allow,
         out=out,
-        events=_TuneProgress(),
+        events=progress,
         spec_overrides={"reps": args.reps} if args.reps else None,
     )
+    progress.flush()  # deferrals after the last stage
     sel = doc["selection"]
     rec = doc.get("recommendation")
     print(f"pick: {sel['best']}  ({sel['reason']})")
