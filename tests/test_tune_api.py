@@ -45,3 +45,24 @@ def test_a_class_defined_in_main_cannot_reach_a_trial_process(tmp_path):
     Local = type("Local", (torch.nn.Linear,), {"__module__": "__main__"})
     why = inmemory.save(Local(2, 2), (torch.randn(1, 2),), tmp_path / "m.pt")
     assert why is not None and "__main__" in why
+
+
+@pytest.mark.slow
+def test_an_in_process_tune_never_reuses_a_trial(tmp_path):
+    """A model that cannot reach a trial process runs in this one, where nothing tells it from
+    another model tuned into the same directory: nothing of an earlier run is reused (its
+    results are not written to the run directory at all)."""
+    local = type("Local", (torch.nn.Linear,), {"__module__": "__main__"})
+    x = torch.randn(4, 8)
+    runs = []
+    for seed in (0, 0):
+        torch.manual_seed(seed)
+        with pytest.warns(UserWarning, match="running trials in this process"):
+            runs.append(
+                torchkiln.tune(local(8, 4), (x,), device="cpu", budget="1m", out=tmp_path, reps=3)
+            )
+    first, again = (r.doc["trials"] for r in runs)
+    assert first[0]["variant"] == "eager" and first[0]["status"] == "ok"
+    assert [t["variant"] for t in again][:1] == ["eager"]
+    assert not any(t.get("reused") for t in again)
+    assert all("ran in the calling process" in " ".join(t["notes"]) for t in again)
