@@ -66,3 +66,6 @@ def test_an_in_process_tune_never_reuses_a_trial(tmp_path):
     assert [t["variant"] for t in again][:1] == ["eager"]
     assert not any(t.get("reused") for t in again)
     assert all("ran in the calling process" in " ".join(t["notes"]) for t in again)
+    from torchkiln.workloads import available_workloads
+
+    assert "__kiln_in_process__" not in available_workloads()  # the caller's registry as it was

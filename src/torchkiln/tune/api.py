@@ -132,4 +132,9 @@ def _in_process(factory: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     name = "__kiln_in_process__"
     _REGISTRY.pop(name, None)
     register_workload(name, description="in-process model")(factory)
-    return run_pipeline(name, in_process=True, **kwargs)
+    try:
+        return run_pipeline(name, in_process=True, **kwargs)
+    finally:
+        # Not a workload of the caller's: gone from the registry (and from `kiln workloads`,
+        # and every unknown-workload message) once the tune ends.
+        _REGISTRY.pop(name, None)
