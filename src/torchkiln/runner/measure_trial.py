@@ -201,7 +201,7 @@ def mean_per_rep(samples: list[list[float]]) -> list[float]:
 
 
 # Build order moves a host-bound eager step: on an H200 (commit 6d93ddb, eager+bf16 resnet50 and
-# bert-base inference, `benchmarks/aa_order_probe.py`) an instance built later in a process
+# bert-base inference, an A/A build-order probe) an instance built later in a process
 # ran faster than the one before in 12 of 16 adjacent pairs (by 0.2-2.8%, median 0.6%), and a
 # variant against itself, built first, read 0.987 [0.976, 0.995]. One baseline instance built
 # before the variant and one after bracket it; their mean is the baseline of every rep. Three

@@ -8,7 +8,7 @@ H200 (torch 2.11, commit 50de622) reduce-overhead over bert-base's and resnet50'
 with "accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run" in
 SGD's first step. With the state created first, outside, the whole step under reduce-overhead
 + bf16 ran 5.68 ms against 6.09 ms for the model alone (bert-base, commit c137b97,
-benchmarks/train_step_probe.py), and in two-GPU tunes 7.01 against 7.23 ms (resnet50) and 6.07
+a train-step probe there), and in two-GPU tunes 7.01 against 7.23 ms (resnet50) and 6.07
 against 6.35 ms (bert-base; the same commit's two-GPU training tunes).
 
 A user simply runs their first step eagerly. A trial cannot: its first call is what the
