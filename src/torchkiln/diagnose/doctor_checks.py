@@ -140,7 +140,8 @@ def check_gpu() -> Check:
         "warn",
         f"no GPU visible (torch CUDA {torch.version.cuda} build; {smi_err}{extra}): "
         "CPU only, GPU variants will be reported unsupported",
-        "Run on a machine with an NVIDIA GPU for GPU numbers (e.g. through the device tool).",
+        "For GPU numbers run on a machine with an NVIDIA GPU; if this one has one, check that "
+        "nvidia-smi lists it and that CUDA_VISIBLE_DEVICES does not hide it.",
     )
 
 

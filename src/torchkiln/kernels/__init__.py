@@ -2,9 +2,10 @@
 
     from torchkiln.kernels import softmax, masked_softmax, bias_act_scale
 
-Four layers per kernel, lowest first: private @triton.jit kernels (`_softmax`, `_bias_act`), the
-launchers beside them, the `kiln::*` torch.library ops with autograd and a CPU implementation
-(`ops`), and this functional API with thin nn.Modules (`functional`, `modules`).
+Four layers per kernel, lowest first: private @triton.jit kernels (`_softmax_kernels`,
+`_bias_act`), the launchers (`_softmax` with its launch policy `_softmax_policy`, `_bias_act`),
+the `kiln::*` torch.library ops with autograd and a CPU implementation (`ops`), and this
+functional API with thin nn.Modules (`functional`, `modules`).
 
 Importing this package imports neither torch nor triton; the names below load on first use. CPU
 tensors need no triton; on a CUDA tensor without triton the call raises MissingExtraError naming

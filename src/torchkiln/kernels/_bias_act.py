@@ -2,7 +2,9 @@
 
 The forward reads x once and writes y once. The backward recomputes x + bias instead of saving
 it (one tensor less held between forward and backward), writes dx, and folds the bias gradient
-into the same pass as per-program column sums that a tiny torch.sum finishes.
+into the same pass as per-program column sums that a small column-sum kernel finishes
+(_bias_grad_sum). The constants below were chosen by measurements on an H200 (torch 2.11, Triton
+3.6); each names its entry in docs/decisions.md (#anchor), which has the numbers.
 """
 
 from __future__ import annotations
@@ -17,49 +19,21 @@ from torchkiln.kernels import _launch_cache
 from torchkiln.kernels._launch import cdiv, device_info, launchable, next_power_of_2
 
 ACT_CODES = {"relu": 0, "gelu": 1}
-# GELU through the erfc polynomial (_gelu_poly) instead of tl.erf, for 2-byte dtypes: on the H200
-# the bf16 forward with tl.erf was compute-bound, 62% of the copy ceiling against relu's 94%
-# (session 7, benchmarks/kernel_configs.py), and Inductor's kernel the same. The kernel is
-# issue-bound (SASS instructions per bf16 element, benchmarks/kernel_sass.py: relu 10.5, tl.erf
-# 41.5, the polynomial 33.5, with the hardware's approximate rcp and exp2 26.5). Session 9, bf16
-# 4096 x 16384 (kernel_configs.py): tl.erf 62%, polynomial 79%, GELU_POLY_FAST 90% (relu 93%),
-# all three with the same max error against torch's fp32 gelu (0.0078, one bf16 ulp at 2-4).
-# GELU_POLY_FAST's inline PTX runs on NVIDIA GPUs only: elsewhere (ROCm, the interpreter on CPU
-# tensors) 2-byte GELU takes GELU_POLY. fp32 keeps tl.erf (93%: memory-bound already).
+# 2-byte GELU through the erfc polynomial, in PTX on NVIDIA GPUs (#bias-act-gelu-poly); fp32 tl.erf.
 GELU_POLY, GELU_POLY_FAST = 2, 3
-# Tiles of up to 8 rows x 1024 columns (rows share one bias load). Forward: 4096 elements, 16 per
-# thread at 8 warps; backward (two inputs and an fp32 accumulator): 2048. Sizes chosen with
-# ptxas -v for sm_90: these stay at 43-64 registers, no spills; 8192-element forward tiles took
-# 84-154 registers and 16-row tiles of 256 columns ~90 (more 64-bit row pointers per thread).
+# Tile elements forward / backward, at most 8 rows x 1024 columns; ptxas, sm_90 (#bias-act-tiles).
 FWD_TILE, BWD_TILE, MAX_BLOCK_M, MAX_BLOCK_N = 4096, 2048, 8, 1024
-# The backward issues the next row block's loads before this one's arithmetic (PREFETCH) and runs
-# under a 64-register cap (uncapped 80-94 registers; at 64, 4 programs of 8 warps share an SM,
-# no spills: ptxas, sm_90). H200, session 10 (benchmarks/kernel_configs.py), fraction of the copy
-# ceiling at 4096 x 4096 / 4096 x 12672: bf16 50 / 63% -> 54 / 76%, fp32 73 / 79% -> 78 / 89%.
-# The cap is ptxas's .maxnreg: NVIDIA only.
+# The backward prefetches the next rows and runs under a 64-register cap (#bias-act-backward).
 BWD_PREFETCH, BWD_MAXNREG = True, 64
-# Programs per SM: the backward's grid is one wave of the programs its register cap lets share an
-# SM (4 of 8 warps at 64 registers), each looping over more rows, with fewer partial sums. H200,
-# session 18 (benchmarks/bias_act_bwd_probe.py --repeat 2, whole-call do_bench us at 4096 rows x
-# 2048 / 4096 / 8192 / 16384 / 32768, the same in both repeats within 0.7%), 4 an SM against the
-# earlier 1024 programs in all (~8 an SM): bf16 28.3 / 40.4 / 65.8 / 117.8 / 219.5 against 34.1 /
-# 48.2 / 71.2 / 120.9 / 223.2; fp32 36.4 / 62.1 / 111.1 / 213.3 / 407.2 against 41.0 / 63.6 /
-# 112.6 / 212.8 / 408.3; 2 an SM lost (bf16 4096 46.5, 32768 275), 2048 programs lost everywhere.
-# (Session 10 had read 512 programs 5% behind 1024 at bf16 4096, through torch.sum.)
+# The backward's grid: one wave of this many programs an SM, looping over rows (#bias-act-backward).
 PROGRAMS_PER_SM = 4
-# The bias gradient: the backward's fp32 partial sums (a row per program group) summed down each
-# column by _bias_grad_sum in tiles of SUM_BLOCK_G rows x SUM_BLOCK_N columns and stored in the
-# bias's dtype: one launch where torch.sum and a cast were two. H200, session 18
-# (benchmarks/bias_act_bwd_probe.py, do_bench us, the partials of 4096 rows x 2048 / 4096 / 8192 /
-# 32768, 512 / 256 / 128 / 32 partial rows): torch.sum 22.7 / 14.9 / 10.3 / 10.0, and a bf16
-# cast 4.2 more; this kernel 9.9 / 7.6 / 7.4 / 7.3 (bf16 out; fp32 9.4 / 8.1 / 6.8 / 7.3).
-# 64 x 32 tiles 13.3 / 9.1 / 8.0 / 6.7, 32 x 64 and 16 x 128 slower (fewer programs).
+# Tile (partial rows x columns) of the bias gradient's column sums (#bias-act-bias-grad).
 SUM_BLOCK_G, SUM_BLOCK_N = 128, 16
 
 
 @triton.jit
 def _rcp(x, FAST: tl.constexpr):
-    if FAST:  # one MUFU op; `1.0 / x` is div.full.f32 with range checks (session 8, SASS)
+    if FAST:  # one MUFU op; `1.0 / x` is div.full.f32 with range checks (sm_90 SASS)
         r = tl.inline_asm_elementwise(
             "rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
         )
@@ -143,7 +117,7 @@ def _act_grad(z, ACT: tl.constexpr):
         # Phi(z) + z * phi(z), with 1/sqrt(2) and 1/sqrt(2*pi).
         cdf = 0.5 * (1.0 + tl.erf(z * 0.7071067811865476))
         # exp(-z^2 / 2) as exp2(z^2 * -log2(e) / 2): tl.exp adds a denormal fix-up
-        # (_softmax._log2_scale).
+        # (as the softmax kernels' _x_factor).
         g = cdf + z * tl.exp2(z * z * -0.7213475204444817) * 0.3989422804014327
     else:
         g = _gelu_poly_grad(z, ACT == 3)  # 3: GELU_POLY_FAST
@@ -248,8 +222,7 @@ def bias_grad(
     partial: torch.Tensor, dtype: torch.dtype, blocks: tuple[int, int] | None = None
 ) -> torch.Tensor:
     """The bias gradient in `dtype` from backward_launch's fp32 partial sums [groups, N].
-    `blocks` (rows, columns) replaces (SUM_BLOCK_G, SUM_BLOCK_N): benchmarks/bias_act_bwd_probe.py
-    times tiles."""
+    `blocks` (rows, columns) replaces (SUM_BLOCK_G, SUM_BLOCK_N), so that tiles can be timed."""
     g, n = partial.shape
     block_g, block_n = (SUM_BLOCK_G, SUM_BLOCK_N) if blocks is None else blocks
     db = torch.empty(n, dtype=dtype, device=partial.device)
@@ -270,10 +243,8 @@ def tile_config(n_cols: int, tile: int) -> tuple[int, int, int]:
 
 def forward_tile(n_cols: int, itemsize: int) -> tuple[int, int, int]:
     """The forward's tile: tile_config's, except that 2-byte rows of 1024 columns or more take
-    half its rows at half its warps (2 x 1024 at 4 warps, still 16 values a thread). H200,
-    session 14 (benchmarks/kernel_configs.py --bias-act-tiles, GELU, % of the copy at 4096 x
-    2048 / 4096 / 12672 / 16384): bf16 95 / 88 / 91 / 94 against 4 x 1024 at 8 warps' 91 / 86 /
-    86 / 91; fp32 89 / 90 / 91 / 92 against 92 / 94 / 92 / 93, so fp32 keeps 4 x 1024."""
+    half its rows at half its warps (2 x 1024 at 4 warps, still 16 values a thread), where that
+    measured faster on an H200 (decisions.md#bias-act-tiles)."""
     block_m, block_n, warps = tile_config(n_cols, FWD_TILE)
     if itemsize == 2 and block_n == MAX_BLOCK_N:
         return max(1, block_m // 2), block_n, max(1, warps // 2)

@@ -90,7 +90,7 @@ def _upcast(arg: Any) -> Any:
 
 # From this row length on, the looped online-softmax kernel is measured beside the single-block
 # one (kiln's default up to _softmax.MAX_BLOCK_N): at 32768 the single block reached 64-77% of
-# the copy ceiling on the H200 (session 6), one row per SM for want of registers.
+# the copy ceiling on an H200 (commit 65f0de3), one row per SM for want of registers.
 LOOP_ARM_MIN_N = 8192
 
 

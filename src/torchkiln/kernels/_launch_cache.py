@@ -1,12 +1,12 @@
 """Eager calls' launch cache: an op body's launch kept per key and replayed through the compiled
 kernel's own launcher, so a repeated call skips kiln's launch policy and Triton's JIT dispatch.
 
-On the H200's host (session 16, benchmarks/kernel_host_path.py, softmax fp32 4096 x 2048) an
+On an H200's host (commit 542b55c, benchmarks/kernel_host_path.py, softmax fp32 4096 x 2048) an
 eager `functional.softmax` call cost 32 us of host time: 7.6 of them kiln's launcher choosing
 the launch, 16.4 Triton's `kernel[grid](...)` (argument binding, specialisation, its cache
 lookup), against 9.2 for the compiled kernel's launcher called with every argument. A call that
 costs the host more than the kernel costs the GPU is launch-bound (4096 x 2048 fp32 runs in
-17 us), so short rows were measured at the host's speed, which moved by lease (26-93 us a call).
+17 us), so short rows were measured at the host's speed, which moved by machine (26-93 us a call).
 
 A key holds everything the launch depends on that can change between calls with the same
 kernel: shapes, strides, dtypes, the device, each pointer's 16-byte alignment (Triton

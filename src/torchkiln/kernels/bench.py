@@ -72,7 +72,7 @@ def _do_bench(fn: Callable[[], Any], warmup_ms: float, rep_ms: float) -> dict[st
 
 # Calls timed on the host, back to back with no synchronisation: the Python launch path's cost,
 # as the median of HOST_BATCHES batches' means. One 200-call mean read the same arm at 24-63 us
-# across one table on the H200's host (session 14); a median sheds a batch a neighbour slowed.
+# across one table on an H200's host (commit 127f407); a median sheds a batch a neighbour slowed.
 HOST_CALLS, HOST_BATCHES = 200, 5
 
 
@@ -102,9 +102,9 @@ def host_us_per_call(fn: Callable[[], Any], device: str = "cuda") -> float:
 # before each start event, and the repetitions (median taken).
 DEVICE_SLEEP_MARGIN, DEVICE_REPS = 2.0, 50
 # Host time over do_bench's time from which a call is starred launch-bound, and from which its
-# device time is measured too. Half: on the H200 (session 14) kiln's fp32 softmax at 4096 x 4096
+# device time is measured too. Half: on an H200 (commit 127f407) kiln's fp32 softmax at 4096 x 4096
 # took 36 us on the host against 52 us measured (69%, unstarred) and read 71% of the copy, where
-# its kernel alone ran at 95-99% (benchmarks/kernel_configs.py, same lease).
+# its kernel alone ran at 95-99% (benchmarks/kernel_configs.py, same machine).
 LAUNCH_BOUND, HOST_AFFECTED = 0.8, 0.5
 
 
@@ -114,7 +114,7 @@ def _device_time(fn: Callable[[], Any], host_us: float, device: str = "cuda") ->
     GPU kept busy by a sleep kernel before each start event, for DEVICE_SLEEP_MARGIN times the
     call's host time, so the call is queued before the GPU reaches it. do_bench's own flush (a
     ~256 MB write, ~75 us on an H200) hides the launch only when the host is faster than that
-    (46-73 us a call in session 12). {} off CUDA; a failure is a reported status."""
+    (46-73 us a call on an H200, cadbc2e). {} off CUDA; a failure is a reported status."""
     if device != "cuda":
         return {}
     import statistics

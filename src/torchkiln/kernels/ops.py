@@ -209,7 +209,7 @@ def autograd_softmax_backward(y: Tensor, dy: Tensor, scale: float) -> Tensor:
     dispatcher (`_direct.direct_call`: grad mode is off in a plain backward), the op's body
     directly, as an eager forward call does; the op otherwise (torch.compile traces it, double
     backward, profilers). On the H200 the backward call's host time (70-110 us against the
-    forward's 30, session 8) kept the short rows' backward launch-bound."""
+    forward's 30, commit 550ec6a) kept the short rows' backward launch-bound."""
     if direct_call(y, dy):
         with direct_launches():
             return _softmax_backward(y, dy, scale)

@@ -3,7 +3,7 @@
 Every trial times the baseline again, interleaved with its variant, so each speedup is paired.
 But the baseline's own median moving between trials says the machine changed under the run: on
 an H200 host shared with a compiling queue, eager bf16 resnet50 inference read 4.96 to 9.54 ms
-across the four trials of one group (benchmarks/README.md, session 3), while GPU-bound fp32
+across the four trials of one group (H200, commit 31421e8), while GPU-bound fp32
 baselines stayed within 2%. Then step times in different rows are not comparable, and each
 row's speedup holds for the moment its trial ran; the report says so rather than let a reader
 line up rows.

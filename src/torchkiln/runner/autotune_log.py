@@ -1,7 +1,7 @@
 """What max-autotune spent its first call on, read from the trial's stderr: Inductor prints one
 line per set of choices it benchmarks ("SingleProcess AUTOTUNE benchmarking takes 31.18
 seconds and 0.0002 seconds precompiling for 21 choices"). A resnet50 fp32 max-autotune trial
-on an H200 timed out at 600 s after 16 such rounds of 8-66 s each (session 4): the reason
+on an H200 timed out at 600 s after 16 such rounds of 8-66 s each (commit 6d93ddb): the reason
 should say so rather than only "timeout during first_call"."""
 
 from __future__ import annotations

@@ -184,7 +184,7 @@ def stream(
     ``on_done(tag, result)`` in this thread as soon as its trial ends, and may give
     ``next_trial`` more to start. Unlike a pool over a fixed list, what runs next can depend on
     what has finished, and no slot waits for a slower neighbour (a search in batches of one
-    trial per GPU left a GPU idle 41 s of a 129 s batch on two H200s, session 10). With one
+    trial per GPU left a GPU idle 41 s of a 129 s batch on two H200s, commit 94c62e6). With one
     slot the trials run in this thread, one after another; with several they take turns on the
     host (host_lock.py)."""
     if len(slots) < 2:

@@ -8,15 +8,15 @@ and compiles still overlap each other. A trial holds at most one lock at a time 
 between phases, so no two trials can wait on each other. Every lock is taken through a second
 file, the turnstile, which a trial waiting for its timed turn holds: a neighbour finishing a
 phase then waits for that turn instead of starting its next phase, so the wait is for the
-neighbour's current phase, not for all of its work. (Until session 11 a trial kept its shared
+neighbour's current phase, not for all of its work. (Before commit c137b97 a trial kept its shared
 lock from one shared phase to the next, so a trial waiting for its timed turn waited for all of
 its neighbour's build, compile, warm-up and checks; on two H200s a bert-base whole-step trial
 spent 99 s of its 205 s waiting and was stopped by the search's share of the budget.)
 Time spent waiting is its own phase
 (`host_wait` in the trial's `phase_s`), never part of the phase that follows: a compile's
 measured time does not include a wait for the lock, nor does the trial's time limit count it
-(WAITING_SUFFIX). (On two H200s, session 9, a host-bound
-variant read 2.60-4.97 ms over four leases with different neighbours and hosts, so what a
+(WAITING_SUFFIX). (On two H200s, at commit 8399fa1, a host-bound
+variant read 2.60-4.97 ms over four runs with different neighbours and hosts, so what a
 neighbour costs was not isolated; the turns make the question moot for the reps.)
 """
 
@@ -30,7 +30,7 @@ HOST_LOCK_ENV = "KILN_HOST_LOCK"
 # The turnstile beside the lock file: path + this suffix.
 TURNSTILE_SUFFIX = ".turn"
 # Appended to the phase a trial writes for its parent while it waits for its turn: the parent's
-# clock for the trial's own time limit stops meanwhile (launch._spawn). Session 10, bert-base
+# clock for the trial's own time limit stops meanwhile (launch._spawn). At 94c62e6, bert-base
 # training on two H200s: a regional-compile trial waited ~60 s for its neighbour's whole-step
 # compile, and that wait, counted against its 125 s cap, stopped it in its timed reps.
 WAITING_SUFFIX = " (waiting for the host)"

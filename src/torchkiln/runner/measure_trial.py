@@ -200,12 +200,12 @@ def mean_per_rep(samples: list[list[float]]) -> list[float]:
     return [sum(rep) / len(rep) for rep in zip(*samples, strict=True)]
 
 
-# Build order moves a host-bound eager step: on an H200 (session 4, eager+bf16 resnet50 and
-# bert-base inference, `benchmarks/aa_order_probe.py`) an instance built later in a process
+# Build order moves a host-bound eager step: on an H200 (commit 6d93ddb, eager+bf16 resnet50 and
+# bert-base inference, an A/A build-order probe) an instance built later in a process
 # ran faster than the one before in 12 of 16 adjacent pairs (by 0.2-2.8%, median 0.6%), and a
 # variant against itself, built first, read 0.987 [0.976, 0.995]. One baseline instance built
 # before the variant and one after bracket it; their mean is the baseline of every rep. Three
-# bracketed A/A runs read 1.004, 1.014 and 0.999: less biased, not unbiased (README, session 4).
+# bracketed A/A runs read 1.004, 1.014 and 0.999: less biased, not unbiased (commit 6d93ddb).
 INSTANCE_NOTE_BAND = 0.01
 
 
@@ -332,7 +332,7 @@ def measure_trial(spec: TrialSpec, result: dict[str, Any], phases) -> None:
         "tf32": {"variant": variant.precision == "tf32", "baseline": baseline.precision == "tf32"},
         "precision": {"variant": variant.precision, "baseline": baseline.precision},
     }
-    # Its own phase: a trial's "start" took 10-14 s on a busy H200 host (session 6), and the
+    # Its own phase: a trial's "start" took 10-14 s on a busy H200 host (commit 65f0de3), and the
     # environment (CUDA initialisation, nvidia-smi) is the suspect.
     phases("environment")
     result["environment"] = collect_environment(spec.device)

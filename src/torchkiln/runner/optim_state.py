@@ -4,12 +4,12 @@ Optimizers create their state (momentum buffers, Adam's moments) lazily, in thei
 When that first step runs inside a compiled whole step (`scope=step`), the state is an output
 of the compiled graph: Dynamo recompiles on the second step (the state now exists), and under
 CUDA graphs the state lives in the graphs' memory pool, which the next replay overwrites. On an
-H200 (torch 2.11, session 5) reduce-overhead over bert-base's and resnet50's whole step failed
+H200 (torch 2.11, commit 50de622) reduce-overhead over bert-base's and resnet50's whole step failed
 with "accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run" in
 SGD's first step. With the state created first, outside, the whole step under reduce-overhead
-+ bf16 ran 5.68 ms against 6.09 ms for the model alone (bert-base, session 11,
-benchmarks/train_step_probe.py), and in two-GPU tunes 7.01 against 7.23 ms (resnet50) and 6.07
-against 6.35 ms (bert-base; benchmarks/results/tune-h200/session11-2gpu-train-*).
++ bf16 ran 5.68 ms against 6.09 ms for the model alone (bert-base, commit c137b97,
+a train-step probe there), and in two-GPU tunes 7.01 against 7.23 ms (resnet50) and 6.07
+against 6.35 ms (bert-base; the same commit's two-GPU training tunes).
 
 A user simply runs their first step eagerly. A trial cannot: its first call is what the
 correctness check compares against eager. So the state is created by a step on zero gradients,

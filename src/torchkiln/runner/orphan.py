@@ -2,7 +2,7 @@
 
 Trials run in their own session (so a timeout can end a trial with its compile workers), which
 also puts them out of reach of the signals that end their launcher: a Ctrl-C in the terminal,
-`timeout`'s SIGTERM, an out-of-memory kill. Session 21 found one such orphan on the H200: its
+`timeout`'s SIGTERM, an out-of-memory kill. An H200 run (c1f183a) left one such orphan: its
 launcher stopped by a queue's time limit, a max-autotune trial went on compiling and then timed
 its steps for eight minutes on the GPU while the next benchmark measured there. So each trial
 watches for its launcher (KILN_LAUNCHER_PID, and its own parent) and, when either is gone,

@@ -2,8 +2,8 @@
 in a balanced order, timed round-robin, and the speedup's interval taken over the k pairs.
 
 Why: a trial's usual interval comes from rep-to-rep noise of one instance per arm, but two
-instances of the same model differ by more than that. On an H200 (benchmarks/README.md,
-sessions 4 and 5) two eager resnet50 bf16 instances in one process differed by 0.2-2.8%
+instances of the same model differ by more than that. On an H200 (torch 2.11,
+commits 6d93ddb and 50de622) two eager resnet50 bf16 instances in one process differed by 0.2-2.8%
 (host-bound steps), two reduce-overhead ones by 0.06% against a rep interval of +-0.03%: an A/A
 run then excludes 1.00 with a tight interval. Replicating the instance puts that variation
 where it belongs, in the interval (a t interval over the pairs' log ratios, k - 1 degrees of

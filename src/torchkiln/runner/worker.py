@@ -60,7 +60,7 @@ class Phases:
             Path(self.path).write_text(name)
 
     def save_partial(self, result: dict[str, Any]) -> None:
-        # Session 7: bert-base's plain default+bf16 run had its step times measured, then ran
+        # H200, 51e19d0: bert-base's plain default+bf16 run had its step times measured, then ran
         # past its 120 s in the correctness check's second compile, and reported nothing.
         if self.partial:
             write_json(self.partial, {**result, "phase_s": dict(self.seconds)})

@@ -10,7 +10,7 @@ import numpy as np
 
 # Latency samples kept per bucket: enough for stable p99s, bounded for a long-running server.
 KEEP = 10_000
-# Each bucket's first hits after warm-up are kept apart: on an H200 (session 6) most of the
+# Each bucket's first hits after warm-up are kept apart: on an H200 (commit 65f0de3) most of the
 # learned buckets' batch-1 graphs took 12-29 ms on their first two hits and 2-3 ms after,
 # which set the arm's p99. A first hit is "cold" when it is over COLD_FACTOR x the bucket's
 # median and at least COLD_MIN_MS slower.

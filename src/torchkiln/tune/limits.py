@@ -32,7 +32,7 @@ def trial_cap_s(estimate_s: float) -> float:
 
 # A search trial stopped where the search's share of the budget ends is given that share less
 # this: stopping it and collecting its result take seconds, which would otherwise come out of
-# the time kept for the head-to-head. Session 7's resnet50 and bert-base training tunes each
+# the time kept for the head-to-head. At 51e19d0 resnet50 and bert-base training tunes (H200) each
 # skipped their head-to-head for about 1 s after such a trial (estimated 144 s with 143 left
 # after the final reserve; 103 with 103).
 TRIAL_STOP_S = 10.0
@@ -62,19 +62,19 @@ def stop_note(stopped_by: str | None, own_s: float, wall_s: float, limit_s: floa
 
 
 # Seconds kept after the last trial: a trial stopped at its limit may take 5 s to end politely
-# (launch._kill_group), then selection and the reports. Session 5's tunes ended at 600.3 and
+# (launch._kill_group), then selection and the reports. H200 tunes at 50de622 ended at 600.3 and
 # 601.2 s of a 600 s budget, their last trials given whatever was left.
 FINAL_RESERVE_S = 10.0
 # The search leaves time for the head-to-head stage: two compiles in one process for each
-# challenger, estimated from the search's own trials, at most this share of the budget. In
-# session 5 bert-base's search spent the whole budget and the tie it left was settled by
+# challenger, estimated from the search's own trials, at most this share of the budget. At
+# 50de622 bert-base's search spent the whole budget and the tie it left was settled by
 # compile cost: the pick was 2.4% slower than the runner-up when they were timed together.
 H2H_RESERVE_SHARE = 0.25
 
 
 # Phases a head-to-head trial does not repeat: its arms' search trials checked correctness
 # and counted kernels, and waited for the host while a neighbour on the other GPU held it; the
-# head-to-head runs after the search, alone. Counting that wait cost session 11's bert-base
+# head-to-head runs after the search, alone. Counting that wait cost c137b97's bert-base
 # train tune on two H200s its head-to-head: 199 s estimated (42.8 s of it the leader's wait),
 # 160 s left, and 170 s of the budget went unused.
 NOT_IN_H2H = ("correctness_compile", "correctness", "kernels", "host_wait")
@@ -102,16 +102,16 @@ def _start_s(r: dict[str, Any]) -> float:
 
 
 # What a head-to-head trial took over head_to_head_cost's sum of its arms, in every one the
-# H200 tunes under benchmarks/results/tune-h200 ran (sessions 6-13): 0.56-0.84 (72.8 of 94.6
+# H200 tunes ran at commits 65f0de3 to 6c82b99: 0.56-0.84 (72.8 of 94.6
 # s, 47.0 / 76.4, 100.2 / 119.7, 51.6 / 91.9, 66.2 / 103.7, 107.2 / 143.8, 105.6 / 159.5). The
-# estimate is scaled by the largest: at 1.0, session 20's 2-minute `simple` tune on an H200
+# estimate is scaled by the largest: at 1.0, a 2-minute `simple` tune on an H200 (4f3d327)
 # kept 34 s for its head-to-head and skipped it with 33 s left.
 H2H_COST_FACTOR = 0.85
 
 
 def head_to_head_cost(leader: dict[str, Any], challenger: dict[str, Any]) -> float:
     """Seconds a head-to-head trial of two measured variants should take: both arms in one
-    process, which starts once, scaled by H2H_COST_FACTOR. Session 6's bert-base tune: arms of
+    process, which starts once, scaled by H2H_COST_FACTOR. An H200 bert-base tune (65f0de3): arms of
     66 and 44 s (99 and 55 s with their correctness checks and kernel counts), starts of 15 and
     16 s: 95 s before the scaling, where the trial took 73 s."""
     start = min(_start_s(leader), _start_s(challenger))
@@ -128,7 +128,7 @@ def head_to_head_reserve(
     """Seconds to keep for the head-to-head stage as the search stands: the current leader
     against each challenger (select.finalists), at most H2H_RESERVE_SHARE of the budget.
     Before two variants are measured, twice the one measured (or four eager processes).
-    Session 6's bert-base tune kept the two slowest search trials' times (149 + 99 s, capped
+    An H200 bert-base tune (65f0de3) kept the two slowest search trials' times (149 + 99 s, capped
     at 150) where its head-to-head took 73 s, and skipped reduce-overhead+bf16, the eventual
     best plain mode, for want of 13 s. With `more_to_come` False (the search's deferred
     candidates' second turn, SearchQueue) only the finalists already measured count."""

@@ -153,10 +153,10 @@ def refine(
     the front of the plan: one at a time, so that once a refinement takes the lead the old
     leader's other refinements are not run on top of it. One already planned moves up; one
     already measured, skipped or `running` (started on another GPU, no result yet) is not
-    repeated: two H200s in session 11 ran resnet50's whole-step refinement twice, queued
+    repeated: two H200s at commit c137b97 ran resnet50's whole-step refinement twice, queued
     again while its first trial ran, and reported a tie of the variant with itself. Nothing
     is refined while a primary candidate (default or reduce-overhead at the lead precision)
-    waits: refining the first mode measured delayed session 5's resnet50 reduce-overhead+bf16,
+    waits: refining the first mode measured delayed resnet50's reduce-overhead+bf16 (H200, 50de622),
     the eventual pick, by two trials.
     Returns the next free trial index."""
     if any(c.primary for _, c in pending):

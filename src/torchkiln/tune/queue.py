@@ -13,7 +13,7 @@ class SearchQueue:
     take a second turn, judged against what is left then, and only one that still does not fit
     is skipped. Before two compiled variants are measured, the search keeps time for comparing
     the two it expects (head_to_head_reserve); at a second turn nothing else is to come, so the
-    pipeline keeps time only for the finalists already measured. On an H200 (session 20) a
+    pipeline keeps time only for the finalists already measured. On an H200 (commit 4f3d327) a
     2-minute tune of `simple` skipped five candidates estimated at 35-345 s with 31 s of room,
     keeping 30 s for a comparison that never ran (one compiled variant was measured), and ended
     at 56 s of its 120."""

@@ -11,7 +11,7 @@ from torchkiln.variants import parse_variant
 # on an H200 (torch 2.11, benchmarks/results/zoo-h200, first call of max-autotune-no-cudagraphs
 # over default's): at bf16 bert-base infer 3.4, train 6.1, resnet50 infer 18, train 10.5 (median
 # about 8); at fp32 simple train 4.9, bert-base infer 10.4, train 17, resnet50 infer > 33 and
-# train > 15 (both still compiling when stopped; session 5's bert-base train fp32 max-autotune
+# train > 15 (both still compiling when stopped; at 50de622 bert-base train fp32 max-autotune
 # was still autotuning at 315 s, > 12x). fp32 kernels autotune slower: Triton's fp32 templates
 # take longer to benchmark. reduce-overhead costs about what default does.
 COMPILE_FACTOR = {
@@ -23,7 +23,7 @@ COMPILE_FACTOR = {
 AUTOTUNE_16BIT_FACTOR = 8.0  # max-autotune at bf16/fp16, without CUDA graphs (median above)
 REGIONS_FACTOR = 0.4  # one block compiled and reused: a fraction of the whole model's compile
 # With a 16-bit precision allowed on a GPU, its variants run first and the fp32 (exact) ones
-# after all of them: session 5's bert-base train tune ran four fp32 candidates (one a
+# after all of them: a bert-base train tune (H200, 50de622) ran four fp32 candidates (one a
 # max-autotune compile stopped at 315 s) and spent its 10-minute budget before any bf16 one,
 # while the zoo measured reduce-overhead+bf16 at 7.24 ms against fp32 reduce-overhead's 30.5.
 EXACT_AFTER = 20.0
@@ -132,7 +132,7 @@ def candidates(ev: Evidence) -> list[Candidate]:
             # default ("Unsupported Tensor.backward() call"), so fullgraph=true always fails.
             # Under CUDA graphs the whole step is a refinement of a reduce-overhead leader
             # (it gains what compiling the optimizer saves: 3-5% on the H200 for resnet50 and
-            # bert-base training at bf16, session 11), not a candidate of its own.
+            # bert-base training at bf16, commit c137b97), not a candidate of its own.
             add_both(
                 _with(spec, scope="step", fullgraph="false"),
                 why + ", whole step with the optimizer compiled",
@@ -178,7 +178,7 @@ def candidates(ev: Evidence) -> list[Candidate]:
         add(f"eager+{precision}", f"{precision} without compilation", 8.0, 0.0)
     # The primaries (default and reduce-overhead over the whole model, at the lead precision)
     # before anything else, in the verdict's order: they are the plain modes a pick must not be
-    # slower than. Session 6's bert-base train tune (verdict balanced) ran default's regional
+    # slower than. A bert-base train tune (H200, 65f0de3; verdict balanced) ran default's regional
     # and whole-step variants first (149 s for the latter) and then had no time for
     # reduce-overhead+bf16, twice as fast as its pick.
     out.sort(key=lambda c: (not c.primary, c.priority))
@@ -199,7 +199,7 @@ def _add_knob(spec: str, **params: str) -> str:
 def refinements(leader_spec: str, ev: Evidence) -> list[Candidate]:
     """The knobs the search measured only on their own, stacked on the current leader: with
     bf16 allowed the plan has `reduce-overhead+bf16` and `reduce-overhead+channels_last` but not
-    both, and a mode with bf16 is only as fast as that mode with bf16 by itself (issue 5's goal
+    both, and a mode with bf16 is only as fast as that mode with bf16 by itself (the goal
     is a pick faster than the best plain mode). In the order to try them, cheapest first; the
     pipeline runs one at a time ahead of the rest of the plan, and a refinement that takes the
     lead is refined in turn, so the knobs stack."""

@@ -135,7 +135,7 @@ def finalists(
     """The leader (highest speedup over eager) and up to FINALISTS challengers: the next by
     speedup, and the fastest by step time if it is another. Speedups from different trials are
     each paired with their own eager run, but when eager is host-bound and a variant is not, a
-    busier host slows only the eager arm: on the H200 (session 3) reduce-overhead at 1.80 ms
+    busier host slows only the eager arm: on an H200 (commit 31421e8) reduce-overhead at 1.80 ms
     read 2.75x and max-autotune-no-cudagraphs at 3.48 ms read 2.71x, against eager runs of 4.96
     and 9.54 ms. Only a head-to-head trial settles such a pair."""
     pool = _rivals(results, baseline, allow_precision)
