@@ -1,6 +1,6 @@
-"""GPU evidence for kiln's Triton kernels (issue 6): GB/s against eager, torch.compile, copy.
+"""kiln's Triton kernels: GB/s against eager, torch.compile, copy.
 
-    PYTHONPATH=src python3 benchmarks/bench_kernels.py --out benchmarks/results/kernels
+    PYTHONPATH=src python3 benchmarks/bench_kernels.py --out benchmarks/results/kernels/h200
 
 For softmax, masked_softmax and bias_act_scale, forward and backward, fp32 and bf16, on 4096 x N
 rows (N = 256 ... 32768 and 12672): GB/s from triton.testing.do_bench medians, with the bytes each
@@ -87,7 +87,7 @@ def check_goals(doc: dict[str, Any]) -> list[dict[str, Any]]:
                 # HOST_AFFECTED), the kernel alone: its device time with the launch hidden
                 # (kernels.bench._device_time), against the copy ceiling. Not the verdict.
                 "kiln_device_ratios": device,
-                # Sizes where the target exceeds the copy ceiling (session 7: 29 of 60 cases).
+                # Sizes where the target exceeds the copy ceiling (H200 at 51e19d0: 29 of 60 cases).
                 "beyond_copy_n": beyond,
                 "passed": bool(ratios) and not missing and min(ratios.values()) >= target,
             })  # fmt: skip
@@ -198,7 +198,7 @@ def summary(doc: dict[str, Any]) -> str:
         parts = []
         for (k, d, t, goal), v in verdicts.items():
             if (k, d, t) == key:
-                # Three decimals: at two, 0.899 printed as a failing "0.90x" (session 20).
+                # Three decimals: at two, 0.899 printed as a failing "0.90x".
                 worst = (
                     "n/a" if v["worst_ratio"] is None
                     else f"{v['worst_ratio']:.3f}x at N = {v['worst_at_n']}"
