@@ -197,6 +197,14 @@ def aa_check(out: Path, args) -> dict:
         },
     )
     trial = doc["trials"][0]
+    verdict_file = out / ("aa_check.json" if default else f"{name}.json")
+    if trial["status"] != "ok":
+        # No speedup to judge: the verdict is the trial's status and reason.
+        failed = {"spec": spec, "status": trial["status"], "reason": trial.get("reason"),
+                  "replicas": args.aa_replicas, "environment": doc["environment"]}  # fmt: skip
+        verdict_file.write_text(json.dumps(failed, indent=2))
+        print(f"A/A resnet50 infer {spec}: {trial['status']}: {trial.get('reason')}")
+        return failed
     lo, hi = trial["speedup"]["ci95"]
     verdict = {
         "spec": spec,
@@ -214,7 +222,6 @@ def aa_check(out: Path, args) -> dict:
         },
         "environment": doc["environment"],
     }
-    verdict_file = out / ("aa_check.json" if default else f"{name}.json")
     verdict_file.write_text(json.dumps(verdict, indent=2))
     print(f"A/A resnet50 infer {spec}: {verdict['speedup']:.4f} [{lo:.4f}, {hi:.4f}]")
     return verdict
@@ -292,10 +299,9 @@ def main() -> int:
                     docs[(w, s, prec)] = run_group(out, w, s, prec, args)
     if args.plain_check:
         plain_check(out, docs, args)
-    if args.aa:
-        aa_check(out, args)
+    aa = aa_check(out, args) if args.aa else None
     print("\n".join(summary_table(docs)))
-    return 0
+    return 1 if aa is not None and "status" in aa else 0
 
 
 if __name__ == "__main__":
