@@ -29,7 +29,7 @@ from torchkiln.kernels.bench import KERNELS, format_table, sweep  # noqa: E402
 
 ROWS = 4096
 COLS = [256, 512, 1024, 2048, 4096, 8192, 12672, 16384, 32768]
-# The issue's goals.
+# The kernels' goals.
 COPY_GOAL, COPY_GOAL_MIN_N = 0.90, 2048  # forward >= 90% of the copy ceiling for N >= 2048
 COMPILE_GOAL, COMPILE_GOAL_MIN_N = 1.3, 4096  # >= 1.3x torch.compile for N >= 4096
 SCHEMA = "kiln.bench_kernels/1"
@@ -184,7 +184,7 @@ def _ns(ns: list[int]) -> str:
 
 
 def summary(doc: dict[str, Any]) -> str:
-    """The short table printed last: GB/s at N = 12672 (the issue's reference size, else the
+    """The short table printed last: GB/s at N = 12672 (the reference size, else the
     largest measured) and each goal's verdict with its worst ratio."""
     verdicts = {(v["kernel"], v["direction"], v["dtype"], v["goal"]): v for v in doc["goals"]}
     sizes = {r["cols"] for r in doc["results"]}
