@@ -1,6 +1,6 @@
-"""GPU evidence for issue 9: what DDP's wrapper costs on one GPU.
+"""What DDP's wrapper costs on one GPU, and how it scales over the GPUs of one host.
 
-    PYTHONPATH=src python3 benchmarks/bench_dist.py --out benchmarks/results/dist-h200
+    PYTHONPATH=src python3 benchmarks/bench_dist.py --out benchmarks/results/dist/h200
 
 For each workload (default: simple, full preset) and variant (eager, inductor), one training
 trial through torchrun with ``--dist ddp --nproc 1``. Inside that trial, rank 0 also times the
@@ -19,7 +19,7 @@ pair, one DDP trial per process count; inside each, rank 0 times one plain proce
 reference, so the weak-scaling efficiency (one process's step time over the N-rank step time)
 is a ratio measured minutes apart on the same machine. Writes bench_dist_scaling.json:
 
-    PYTHONPATH=src python3 benchmarks/bench_dist.py --out benchmarks/results/dist-h200x2 \
+    PYTHONPATH=src python3 benchmarks/bench_dist.py --out benchmarks/results/dist/h200x2 \
         --workloads resnet50,bert-base --variants eager+bf16,inductor+bf16 --nprocs 2
 """
 
@@ -81,7 +81,7 @@ def scaling_rows(
 ) -> list[dict]:
     """``own``: the same variants as ordinary trials, each in its own process: a second
     one-process reference, since the in-process one read slower than eager for compiled
-    `simple` on the H200 (bench_dist.json, session 2)."""
+    `simple` on the H200 (results/dist/h200/bench_dist.json, kiln 07be054)."""
     own_by_variant = {t["variant"]: t for t in (own or {}).get("trials", [])}
     rows = []
     for t in doc["trials"]:
@@ -185,7 +185,7 @@ def run_scaling(args: argparse.Namespace, out: Path, variants: list[str], overri
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="benchmarks/results/dist-h200")
+    ap.add_argument("--out", default="benchmarks/results/dist/h200")
     ap.add_argument("--workloads", default="simple")
     ap.add_argument("--variants", default="eager,inductor")
     ap.add_argument("--device", default="cuda")

@@ -1,6 +1,6 @@
-"""GPU evidence for kiln's Triton kernels (issue 6): GB/s against eager, torch.compile, copy.
+"""kiln's Triton kernels: GB/s against eager, torch.compile, copy.
 
-    PYTHONPATH=src python3 benchmarks/bench_kernels.py --out benchmarks/results/kernels
+    PYTHONPATH=src python3 benchmarks/bench_kernels.py --out benchmarks/results/kernels/h200
 
 For softmax, masked_softmax and bias_act_scale, forward and backward, fp32 and bf16, on 4096 x N
 rows (N = 256 ... 32768 and 12672): GB/s from triton.testing.do_bench medians, with the bytes each
@@ -29,7 +29,7 @@ from torchkiln.kernels.bench import KERNELS, format_table, sweep  # noqa: E402
 
 ROWS = 4096
 COLS = [256, 512, 1024, 2048, 4096, 8192, 12672, 16384, 32768]
-# The issue's goals.
+# The kernels' goals.
 COPY_GOAL, COPY_GOAL_MIN_N = 0.90, 2048  # forward >= 90% of the copy ceiling for N >= 2048
 COMPILE_GOAL, COMPILE_GOAL_MIN_N = 1.3, 4096  # >= 1.3x torch.compile for N >= 4096
 SCHEMA = "kiln.bench_kernels/1"
@@ -87,7 +87,7 @@ def check_goals(doc: dict[str, Any]) -> list[dict[str, Any]]:
                 # HOST_AFFECTED), the kernel alone: its device time with the launch hidden
                 # (kernels.bench._device_time), against the copy ceiling. Not the verdict.
                 "kiln_device_ratios": device,
-                # Sizes where the target exceeds the copy ceiling (session 7: 29 of 60 cases).
+                # Sizes where the target exceeds the copy ceiling (H200 at 51e19d0: 29 of 60 cases).
                 "beyond_copy_n": beyond,
                 "passed": bool(ratios) and not missing and min(ratios.values()) >= target,
             })  # fmt: skip
@@ -184,7 +184,7 @@ def _ns(ns: list[int]) -> str:
 
 
 def summary(doc: dict[str, Any]) -> str:
-    """The short table printed last: GB/s at N = 12672 (the issue's reference size, else the
+    """The short table printed last: GB/s at N = 12672 (the reference size, else the
     largest measured) and each goal's verdict with its worst ratio."""
     verdicts = {(v["kernel"], v["direction"], v["dtype"], v["goal"]): v for v in doc["goals"]}
     sizes = {r["cols"] for r in doc["results"]}
@@ -198,7 +198,7 @@ def summary(doc: dict[str, Any]) -> str:
         parts = []
         for (k, d, t, goal), v in verdicts.items():
             if (k, d, t) == key:
-                # Three decimals: at two, 0.899 printed as a failing "0.90x" (session 20).
+                # Three decimals: at two, 0.899 printed as a failing "0.90x".
                 worst = (
                     "n/a" if v["worst_ratio"] is None
                     else f"{v['worst_ratio']:.3f}x at N = {v['worst_at_n']}"

@@ -1,6 +1,6 @@
 """GPU evidence for `kiln tune`: resnet50 and bert-base, infer and train, bf16 allowed.
 
-    PYTHONPATH=src python3 benchmarks/bench_tune.py --out benchmarks/results/tune-h200
+    PYTHONPATH=src python3 benchmarks/bench_tune.py --out benchmarks/results/tune/h200
 
 For each (workload, step) one `kiln tune` run (its report and trials under OUT/<workload>-<step>),
 then the four plain `torch.compile` modes (default, reduce-overhead, max-autotune-no-cudagraphs,
@@ -11,13 +11,13 @@ mode, plain modes that failed and why, and the tune's wall time (the plain compa
 part of it). With --plain-fp32-modes, the same against plain modes at fp32 (nothing at all
 changed), reported beside the strict reading, never instead of it. --plain-modes narrows the
 plain comparison (e.g. to reduce-overhead, the best plain mode in every H200 run so far) when a
-lease has no room for all four. --pick SPEC skips the tune and times the plain modes against SPEC
-(an earlier tune's pick), for plain modes that did not fit beside a tune in one lease; the row
+GPU's time has no room for all four. --pick SPEC skips the tune and times the plain modes against
+SPEC (an earlier tune's pick), for plain modes that did not fit beside a tune in one run; the row
 then has no tune wall time. --plain-no-check skips the plain trials' correctness check (a plain
 mode is the bar, not the candidate: a faster wrong one would only make the bar higher), and
 --plain-cache-dir shares one compile cache between them (their compile time is not what is
 compared; max-autotune's second mode then reuses the first's kernel choices).
-Goals (issue 5): at least 1.2x over the best plain mode on the training steps,
+Goals: at least 1.2x over the best plain mode on the training steps,
 never slower than it (the interval's upper end at or above 1), and each tune within its
 15-minute budget. OUT/bench_tune.json is rewritten after every tune.
 """
@@ -137,7 +137,7 @@ def against_pick(
 
 
 def left_in(run: Path, variants: list[str]) -> dict[str, Any]:
-    """The comparison from a run directory whose run was stopped before its end (a lease's time
+    """The comparison from a run directory whose run was stopped before its end (a time
     limit): its finished trials, and each variant without a result named as not measured. A
     trial that wrote its own file after its launcher was gone is not one of them: nothing
     stopped it from timing beside whatever ran next on the device."""
@@ -163,7 +163,7 @@ def given_pick(workload: str, step: str, pick: str) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="benchmarks/results/tune-h200")
+    ap.add_argument("--out", default="benchmarks/results/tune/h200")
     ap.add_argument("--workloads", default="resnet50,bert-base")
     ap.add_argument("--steps", default="infer,train")
     ap.add_argument("--budget", default="15m")

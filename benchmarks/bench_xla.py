@@ -1,7 +1,7 @@
 """XLA (torchax + jax.jit) against eager and Inductor on one GPU: resnet50 and bert-base, infer
 and train, bf16, each trial in its own process; prints and writes the comparison table.
 
-    PYTHONPATH=src python3 benchmarks/bench_xla.py --out benchmarks/results/xla-h200
+    PYTHONPATH=src python3 benchmarks/bench_xla.py --out benchmarks/results/xla/h200
 
 Needs jax with its CUDA plugin, torchax and optax in the trial environment (the xla extra);
 torchvision and transformers for the workloads. Every arm is bf16 (autocast), the baseline is

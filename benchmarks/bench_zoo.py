@@ -8,7 +8,7 @@ plus two checks of the instrument itself:
   (the whole 95% interval of the interleaved kiln/plain ratio inside [0.9, 1.1]);
 * A/A: a variant against itself must give a speedup interval containing 1.00, at most +-2% wide.
 
-    PYTHONPATH=src python3 benchmarks/bench_zoo.py --out benchmarks/results/zoo-h200
+    PYTHONPATH=src python3 benchmarks/bench_zoo.py --out benchmarks/results/zoo/h200
 
 Each group (workload, step, precision) is its own kiln run directory under OUT/runs, resumed
 if it exists, so the matrix can be completed over several invocations (--workloads etc. select
@@ -134,7 +134,7 @@ def plain_check(out: Path, docs: dict, args) -> list[dict]:
     """Two comparisons per configuration: kiln's trial against plain_loop.py run afterwards in
     its own process (what a user would do), and plain_vs_kiln.py, the two interleaved rep by
     rep in one process. Agreement is judged on the interleaved one: launch-bound steps drift by
-    more than 10% between processes on a shared host (benchmarks/README.md)."""
+    more than 10% between processes on a shared host (docs/decisions.md)."""
     rows = []
     workloads = set(args.workloads.split(","))
     for workload, step, precision, mode, variant in PLAIN_CHECKS:
@@ -169,12 +169,12 @@ AA_SPEC = "eager+bf16"
 
 def aa_check(out: Path, args) -> dict:
     spec = args.aa_spec
-    # The default keeps the names earlier sessions wrote (run directory and aa_check.json).
+    # The default keeps the names earlier runs wrote (run directory and aa_check.json).
     default = spec == AA_SPEC
     name = "aa-resnet50-infer-" + ("bf16" if default else slug(spec))
     run_dir = Path(args.runs_dir) / name
     # Always measured afresh: a run directory keeps finished trials, and a check of the
-    # instrument must not be read back from an earlier lease.
+    # instrument must not be read back from an earlier run.
     shutil.rmtree(run_dir, ignore_errors=True)
     doc = bench(
         "resnet50",
@@ -186,10 +186,10 @@ def aa_check(out: Path, args) -> dict:
         out=run_dir,
         events=Log(),
         timeout_s=args.timeout,
-        # One instance per arm (replicas 1): 80 reps gave 0.995 [0.980, 1.010] on the H200
-        # (session 2), 120 reps +-1.2%, but the interval left out instance-to-instance variation
-        # and excluded 1.00 in 5 of 7 runs (sessions 3-5, README). With K replicas the interval
-        # is a t interval over K instance pairs; 40 reps each keep the timed work near 120 reps'.
+        # One instance per arm (replicas 1): 80 reps gave 0.995 [0.980, 1.010] on the H200 (kiln
+        # 07be054), 120 reps +-1.2%, but the interval left out instance-to-instance variation and
+        # excluded 1.00 in 5 of 7 runs (docs/decisions.md). With K replicas the interval is a t
+        # interval over K instance pairs; 40 reps each keep the timed work near 120 reps'.
         spec_overrides={
             "reps": 120 if args.aa_replicas == 1 else 40,
             "replicas": args.aa_replicas,
@@ -197,6 +197,14 @@ def aa_check(out: Path, args) -> dict:
         },
     )
     trial = doc["trials"][0]
+    verdict_file = out / ("aa_check.json" if default else f"{name}.json")
+    if trial["status"] != "ok":
+        # No speedup to judge: the verdict is the trial's status and reason.
+        failed = {"spec": spec, "status": trial["status"], "reason": trial.get("reason"),
+                  "replicas": args.aa_replicas, "environment": doc["environment"]}  # fmt: skip
+        verdict_file.write_text(json.dumps(failed, indent=2))
+        print(f"A/A resnet50 infer {spec}: {trial['status']}: {trial.get('reason')}")
+        return failed
     lo, hi = trial["speedup"]["ci95"]
     verdict = {
         "spec": spec,
@@ -214,7 +222,6 @@ def aa_check(out: Path, args) -> dict:
         },
         "environment": doc["environment"],
     }
-    verdict_file = out / ("aa_check.json" if default else f"{name}.json")
     verdict_file.write_text(json.dumps(verdict, indent=2))
     print(f"A/A resnet50 infer {spec}: {verdict['speedup']:.4f} [{lo:.4f}, {hi:.4f}]")
     return verdict
@@ -245,7 +252,7 @@ def summary_table(docs: dict) -> list[str]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--out", default="benchmarks/results/zoo-h200")
+    p.add_argument("--out", default="benchmarks/results/zoo/h200")
     p.add_argument("--workloads", default="simple,resnet50,bert-base")
     p.add_argument("--steps", default="infer,train")
     p.add_argument("--precisions", default="fp32,bf16")
@@ -272,13 +279,13 @@ def main() -> int:
         "--aa-replicas",
         type=int,
         default=6,
-        help="instances of each arm in the A/A (1: the single-instance design of sessions 1-5)",
+        help="instances of each arm in the A/A (1: one instance per arm, the earlier design)",
     )
     p.add_argument(
         "--checks-only",
         action="store_true",
         help="only the checks asked for (--plain-check, --aa), no grid: they need a quiet host, "
-        "so a GPU lease can run them first, alone, and the grid afterwards",
+        "so a GPU run can take them first, alone, and the grid afterwards",
     )
     args = p.parse_args()
     out = Path(args.out)
@@ -292,10 +299,9 @@ def main() -> int:
                     docs[(w, s, prec)] = run_group(out, w, s, prec, args)
     if args.plain_check:
         plain_check(out, docs, args)
-    if args.aa:
-        aa_check(out, args)
+    aa = aa_check(out, args) if args.aa else None
     print("\n".join(summary_table(docs)))
-    return 0
+    return 1 if aa is not None and "status" in aa else 0
 
 
 if __name__ == "__main__":

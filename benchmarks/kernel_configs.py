@@ -1,34 +1,32 @@
-"""Which launch configuration each long-row softmax case should use (issue 6), measured.
+"""Which launch configuration each long-row softmax case should use, measured.
 
-    PYTHONPATH=src python3 benchmarks/kernel_configs.py --out benchmarks/results/kernels-h200
+    PYTHONPATH=src python3 benchmarks/kernel_configs.py --out benchmarks/results/kernels/h200
 
-Session 7's bandwidth table left the forward softmax below 90% of the copy ceiling where rows
-are long: 4096 x 32768 at 71% (fp32) and 63% (bf16) with one 32-warp program per row, and the
-masked forward at 61-70% for 12672 and 16384 columns. This script times, for those shapes, the
-single-block kernel at several warp counts and the looped kernel at several chunk lengths and
-warp counts (one program per row, or a few programs per SM taking rows in turn), each launched
-bare into a preallocated output, checked against torch.softmax, and timed with
-`triton.testing.do_bench` (median, L2 flushed) beside `dst.copy_(src)` in the same run.
-It also times bias_act_scale's forward with relu and with gelu at one size: if gelu is slower
-than relu at the same bytes, the erf GELU is compute-bound there and no launch choice fixes it
-(session 7: bf16 gelu 62% of the copy ceiling, relu 94%). Since session 8 both GELU kernels are
-timed, tl.erf and the erfc polynomial the 2-byte dtypes now take, with their max error against
-torch's fp32 gelu.
+The bandwidth table at kiln 51e19d0 (H200) left the forward softmax below 90% of the copy ceiling
+where rows are long: 4096 x 32768 at 71% (fp32) and 63% (bf16) with one 32-warp program per row, and
+the masked forward at 61-70% for 12672 and 16384 columns. This script times, for those shapes, the
+single-block kernel at several warp counts and the looped kernel at several chunk lengths and warp
+counts (one program per row, or a few programs per SM taking rows in turn), each launched bare into
+a preallocated output, checked against torch.softmax, and timed with `triton.testing.do_bench`
+(median, L2 flushed) beside `dst.copy_(src)` in the same run. It also times bias_act_scale's forward
+with relu and with gelu at one size: if gelu is slower than relu at the same bytes, the erf GELU is
+compute-bound there and no launch choice fixes it (H200 at 51e19d0: bf16 gelu 62% of the copy
+ceiling, relu 94%). Both GELU kernels are timed, tl.erf and the erfc polynomial the 2-byte dtypes
+now take, with their max error against torch's fp32 gelu.
 
-Session 8 added the looped kernel's L2 experiments (cache hints; the second pass reversed) and a
-kernel holding a row that is not a power of two as power-of-two pieces. Session 9 measured them
-(benchmarks/results/kernels-h200/session9/configs/): the hints took fp32 4096 x 32768 from 71%
+The looped kernel's L2 experiments (cache hints; the second pass reversed) and a kernel
+holding a row that is not a power of two as power-of-two pieces, measured on an H200 (results
+committed in 8c6d424): the hints took fp32 4096 x 32768 from 71%
 to 80% of the copy ceiling and became that case's default; the reversed pass (70%) and the
 pieces kernel (below the single block in all 8 cases at 12672) were removed. The hinted arms
-stay, so the choice can be re-checked on another GPU, and new ones wait for the next lease: the
-looped kernel with per-chunk statistics and a register cap (CHUNK_STATS_ARMS), which session
-10 measured (the defaults for rows of 16385-32768 without a mask since), and, with
+stay, so the choice can be re-checked on another GPU: the looped kernel with per-chunk
+statistics and a register cap (CHUNK_STATS_ARMS; results committed in 94c62e6), and, with
 --bias-act-bwd, bias_act_scale's backward launches (BIAS_BWD_ARMS; prefetching the default
-since session 10).
+since that run).
 
-Session 12 added the persistent rows kernel (ROWS_PIPELINED: a few programs an SM taking rows
+The persistent rows kernel (ROWS_PIPELINED: a few programs an SM taking rows
 in turn, Triton's pipeliner loading the next row while one reduces), the default for rows of
-16385-32768 where it won since (_softmax.ROWS_LOOP).
+16385-32768 where it won (_softmax.ROWS_LOOP; results committed in cadbc2e).
 
 Results are written after every case (a cut run keeps what it measured), to
 DIR/kernel_configs.json with the environment; a table is printed last.
@@ -50,42 +48,42 @@ ROWS = 4096
 # Longest rows first: they are the cases the table failed worst, so a cut run keeps them.
 COLS = (32768, 16384, 12672)
 BLOCK_WARPS = (4, 8, 16, 32)
-# Session 9, for the next lease: the single block under a register cap (ptxas .maxnreg), so two
+# The single block under a register cap (ptxas .maxnreg), so two
 # programs share an SM where one did: (warps, maxnreg). Uncapped, the masked bf16 block at 16384
 # took 98 registers at 16 warps and the plain one 40-56 at 32 (one program per SM); capped at 64
 # / 32 they compile without spilling (ptxas, sm_90; the masked fp32 one spills 4-16 bytes).
 BLOCK_CAPPED = ((16, 64), (32, 32))
-# Session 11: two rows per program in the single block, (rows, warps). bf16 softmax at 4096 x
-# 12672 read 83% of the copy ceiling against fp32's 95% (session 10): a 16384-element block at
+# Two rows per program in the single block, (rows, warps). bf16 softmax at 4096 x
+# 12672 read 83% of the copy ceiling against fp32's 95% (H200, 94c62e6): a 16384-element block at
 # 32 warps holds 16 values a thread, 32 bytes of bf16 (64 of fp32) in flight, and 23% of the
 # lanes are past a 12672-element row. Two rows a program double the bytes each thread loads.
-# Measured (kiln 63b304d, benchmarks/results/kernels-h200/session11/configs/): lost in all eight
+# Measured (H200, kiln 63b304d; results committed in c137b97): lost in all eight
 # cases, bf16 12672 66% against the one-row block's 81%, fp32 16384 86% against 94%, masked
 # bf16 16384 55% against 78%. Kept as arms so another GPU can re-check; not a default.
 ROW_PAIRS = ((2, 32), (2, 16))
-# Session 12: the single block made persistent (_softmax_fwd_rows): a few programs per SM take
+# The single block made persistent (_softmax_fwd_rows): a few programs per SM take
 # rows in turn, and with STAGES > 1 Triton's pipeliner loads the next row (cp.async into shared
 # memory) while this one is reduced and stored, so loads stay in flight through the reductions.
 # (warps, programs per SM, stages); STAGES 1 is the same loop without the pipeliner.
-# Measured on the H200 (benchmarks/results/kernels-h200/session12/configs/), % of the copy
+# Measured on the H200 (results committed in cadbc2e), % of the copy
 # ceiling: the persistent loop won at 32768 (bf16 softmax 89% at w16 2/SM s3 against the
-# chunk-statistics loop's 80% in session 10; masked fp32 83% and bf16 66% at w32 1/SM s1 against
+# chunk-statistics loop's 80% at 94c62e6; masked fp32 83% and bf16 66% at w32 1/SM s1 against
 # the block's 77% and 62%) and lost or tied below 32768 (masked bf16 12672: 42-68% against the
 # block's 69%). Those became the defaults for rows of 16385-32768 (_softmax.ROWS_LOOP).
-# Also tried in session 12 and dropped: mask columns written in runs of one 16-byte load of x
+# Also tried then and dropped: mask columns written in runs of one 16-byte load of x
 # (`(c // v) * v + c % v`), so that a bool mask's loads took x's layout and the row was no longer
 # converted through shared memory before the store (TTGIR, sm_90). It removed the conversion and
 # lost 29 of 40 block comparisons (10 masked cases x 4 warp counts; the best block arm of every
 # case kept the old addressing; masked fp32 16384 w16: 68% against 84%): its mask loads took 4
 # bytes a thread (fp32) where the converted layout's took 16.
-# Session 12 also measured the masked block and rows kernels streaming (scores evict-first,
+# The same run measured the masked block and rows kernels streaming (scores evict-first,
 # output .cs, the mask kept in L2 with evict_last), in case the bench's [1, 1, Q, K] mask, read
 # once per head, was pushed out of L2 between heads by the scores' stream
-# (kernels-h200/session12/configs/stream/): 23 of 26 arms lost or tied, 3 gained about a
+# (stream arms): 23 of 26 arms lost or tied, 3 gained about a
 # point (bf16 32768; masked bf16 12672 w16 69% either way, fp32 16384 w16 82% against 84%),
 # so the mask is not being reread from DRAM; the variant was removed.
-# Session 14 added 4-stage pipelines: the bf16 softmax at 32768 ran 67-71% at 2 stages and
-# 89-90% at 3, so does a deeper one keep more in flight? No (kernels-h200/session14/stages4/):
+# 4-stage pipelines: the bf16 softmax at 32768 ran 67-71% at 2 stages and
+# 89-90% at 3, so does a deeper one keep more in flight? No (H200, results in 127f407):
 # bf16 softmax 32768 89-90% at 4 stages against 90% at 3; bf16 12672 80-90% against 89%; fp32
 # and masked fp32 at 32768 fail to launch from 3 stages (shared memory); masked bf16 32768 did
 # not launch at 4 (73% at w16 2/SM s3, the default w32 1/SM s1 70%).
@@ -93,28 +91,28 @@ ROWS_PIPELINED = (
     (8, 2, 2), (8, 4, 2), (16, 1, 1), (16, 1, 2), (16, 2, 2), (16, 2, 3),
     (32, 1, 1), (32, 1, 2), (32, 1, 3), (32, 2, 2), (16, 1, 4), (16, 2, 4), (32, 1, 4),
 )  # fmt: skip
-# Session 13 measured a masked forward that loaded its query's mask row once for several heads
+# A masked forward that loaded its query's mask row once for several heads
 # (the bench's 16 heads share a [1, 1, Q, K] mask), the next head's scores pipelined in
-# (kernels-h200/session13/heads/): it won by 2-3 points at 32768 only (masked fp32 86% against
+# (H200, results in 6c82b99): it won by 2-3 points at 32768 only (masked fp32 86% against
 # the rows kernel's 83%, bf16 69% against 67%) and lost or tied at 4096-16384 (masked bf16
 # 12672: 47% against the block's 70%). Not worth a third forward kernel; removed.
 LOOP_CONFIGS = ((2048, 4), (4096, 8), (4096, 16), (8192, 8), (8192, 16))
 # The looped kernel with fewer programs than rows, each taking rows in turn: so many programs per
 # SM, (chunk, warps). One program per row put ~8 rows per SM in flight (1056 x 128 KB at fp32
 # 32768, far past the 50 MB L2), so the second read of a row went to DRAM: three passes' traffic
-# for two, and 58-69% of the copy (session 7).
+# for two, and 58-69% of the copy (H200, 51e19d0).
 PERSISTENT = ((1, 8192, 16), (2, 8192, 16), (2, 4096, 8), (4, 4096, 8))
-# Session 8: none of those reached the single block's 71% at fp32 32768 (65-68%). The looped
+# None of those reached the single block's 71% at fp32 32768 (65-68%; H200, 550ec6a). The looped
 # kernel with L2 hints (_softmax_fwd_loop's L2_HINTS), one program per row or 1-2 per SM:
-# (programs per SM or None for one per row, chunk, warps). Session 9: 80% / 58% / 79% there.
+# (programs per SM or None for one per row, chunk, warps): 80% / 58% / 79% there (8c6d424).
 L2_HINTED = ((None, 8192, 16), (1, 8192, 16), (2, 8192, 16))
-# Session 9, for the next lease: the hinted loop with per-chunk statistics (CHUNK_STATS: one exp
+# The hinted loop with per-chunk statistics (CHUNK_STATS: one exp
 # per element, two scalars instead of a running max and sum per lane) and a register cap
 # (ptxas .maxnreg) so that more programs share an SM: the per-lane 8192/w16 loop took 112
 # registers a thread (ptxas, sm_90), one program per SM; at 32 registers two 32-warp programs
 # fit, and only the per-chunk form compiles there without spilling at 16384-element chunks
 # (tests/kernels/test_kernels_compile.py). (chunk, warps, maxnreg or None, chunk statistics).
-# Session 10 measured them (benchmarks/results/kernels-h200/session10/configs/): per-chunk
+# Measured on the H200 (results in 94c62e6): per-chunk
 # statistics took 4096 x 32768 to 97% of the copy ceiling at fp32 (16384/w32, capped or not) and
 # 80% at bf16 (8192/w16), the defaults since (LONG_ROW_LOOP); the masked rows stayed with the
 # block. Prefetching the next chunk (two in flight a program) lost in every case (fp32 32768:
@@ -124,14 +122,13 @@ CHUNK_STATS_ARMS = (
     (8192, 16, None, True), (16384, 32, None, True), (8192, 16, 64, False),
 )  # fmt: skip
 TOL = {"fp32": 1e-4, "bf16": 3e-2}
-# bias_act_scale's backward, below torch.compile at bf16 4096 in session 9 (0.90x; 52% of the
-# copy ceiling): its loop waited out a DRAM round trip per row block at 54 registers and 8 warps
-# (4 programs an SM, ptxas sm_90). Session 10 (benchmarks/results/kernels-h200/session10/
-# configs/): PREFETCH (the next block's loads issued first) under a 64-register cap won all four
-# cases (bf16 4096 / 12672: 50 / 63% -> 54 / 76%; fp32 73 / 79% -> 78 / 89%) and became the
-# default; 16 warps lost, 2048 programs lost, 512 won three of four. Since session 18 the
-# default grid is 4 programs an SM (528 on the H200; _bias_act.PROGRAMS_PER_SM, measured by
-# benchmarks/bias_act_bwd_probe.py), so "(default)" below is that one. (name, keywords).
+# bias_act_scale's backward, below torch.compile at bf16 4096 at 8c6d424 (0.90x; 52% of the copy
+# ceiling): its loop waited out a DRAM round trip per row block at 54 registers and 8 warps (4
+# programs an SM, ptxas sm_90). Measured (H200, 94c62e6): PREFETCH (the next block's loads issued
+# first) under a 64-register cap won all four cases (bf16 4096 / 12672: 50 / 63% -> 54 / 76%; fp32
+# 73 / 79% -> 78 / 89%) and became the default; 16 warps lost, 2048 programs lost, 512 won three of
+# four. The default grid is now 4 programs an SM (528 on the H200; _bias_act.PROGRAMS_PER_SM,
+# measured at 0a553c1), so "(default)" below is that one. (name, keywords).
 PLAIN_LOOP = {"prefetch": False, "maxnreg": None}
 BIAS_BWD_ARMS = (
     ("2x1024/w8", PLAIN_LOOP),
@@ -144,14 +141,13 @@ BIAS_BWD_ARMS = (
     ("2x1024/w8 prefetch r64 512 programs", {"target_programs": 512}),
 )  # fmt: skip
 BIAS_BWD_COLS = (4096, 12672)
-# Session 14: the bias_act_scale forward's tiles, (BLOCK_M, BLOCK_N, warps); tile_config's is
-# 4 x 1024 at 8 warps from 1024 columns on. The bf16 GELU forward ran at 88% of the copy at
-# 12672 against 90-91% at 8192, 16384 and 32768: 12672 columns take 13 tiles of 1024, the last
-# 38% full (95% of the lanes busy, in an issue-bound kernel), where 512-column tiles leave 1%
-# idle. The others trade rows for warps or values a thread. Measured (kernels-h200/session14/
-# tiles/): 2 x 1024 at 4 warps won every bf16 case (2048-16384: 95 / 88 / 91 / 94% against
-# 91 / 86 / 86 / 91%), 512-column tiles none (12672: 84%); fp32 kept 4 x 1024 (92-94%).
-# _bias_act.forward_tile since.
+# The bias_act_scale forward's tiles, (BLOCK_M, BLOCK_N, warps); tile_config's is 4 x 1024 at 8
+# warps from 1024 columns on. The bf16 GELU forward ran at 88% of the copy at 12672 against 90-91%
+# at 8192, 16384 and 32768: 12672 columns take 13 tiles of 1024, the last 38% full (95% of the lanes
+# busy, in an issue-bound kernel), where 512-column tiles leave 1% idle. The others trade rows for
+# warps or values a thread. Measured (H200, 127f407): 2 x 1024 at 4 warps won every bf16 case
+# (2048-16384: 95 / 88 / 91 / 94% against 91 / 86 / 86 / 91%), 512-column tiles none (12672: 84%);
+# fp32 kept 4 x 1024 (92-94%). _bias_act.forward_tile since.
 BIAS_FWD_TILES = ((4, 1024, 8), (8, 512, 8), (2, 1024, 4), (4, 1024, 4), (8, 1024, 8), (2, 2048, 8))
 
 
@@ -184,26 +180,26 @@ def _inputs(dtype: Any, cols: int, kind: str) -> dict[str, Any]:
             "mask_bytes": mask.numel()}  # fmt: skip
 
 
-# Session 14 measured the masked forward written in Gluon (Triton's layout-explicit dialect) with
+# The masked forward written in Gluon (Triton's layout-explicit dialect) with
 # one layout from loads to store: compiled as the JIT specialises it, kiln's masked forward loads
 # the bool mask 16 bytes a thread, the scores follow that layout, and the output is converted
 # through shared memory to 8 (bf16) or 4 (fp32) values a thread before the store
 # (`ttg.convert_layout`, TTGIR, Triton 3.6 and 3.8; the unmasked forward has none). Without the
-# conversion (b90889a, kernels-h200/session14/gluon/) it lost in every case: its best arm
+# conversion (b90889a, H200, results in 127f407) it lost in every case: its best arm
 # (values a thread, warps) against kiln's best block, bf16 8192 97% / 97%, 12672 78% / 85%,
 # 16384 85% / 86%, 32768 58% / 69%; fp32 12672-16384 70-71% / 88%. Removing the conversion
 # alone does not lift the masked forward (the Gluon kernel also differs in its int64 row
 # arithmetic and its reductions' code, so this does not prove the conversion free); removed.
 
 
-# Session 14: Nsight Compute on the masked bf16 forward at 4096 x 16384 (kernels-h200/session14/
-# ncu/) put 294 MB through DRAM against the unmasked forward's 245, for 277 MB and 268 MB of
-# compulsory traffic: the [1, 1, Q, K] mask (8.4 MB) seems read from DRAM for most of its 8
-# heads after all, a head's rows being Q = 512 rows (~16 MB of scores and output) apart in the
-# default order. The block kernel's HEADS_INNER takes the rows heads innermost, so each mask row
-# is read by all its heads' programs at about the same time. Session 15 (session15/heads/): it
-# won every masked fp32 case (8192-32768: 87-95% against 80-92%) and no bf16 one, and is the
-# masked fp32 forward's default since (_softmax.heads_inner_order). (warps, maxnreg or None).
+# Nsight Compute on the masked bf16 forward at 4096 x 16384 (H200, 127f407) put 294 MB through DRAM
+# against the unmasked forward's 245, for 277 MB and 268 MB of compulsory traffic: the [1, 1, Q, K]
+# mask (8.4 MB) seems read from DRAM for most of its 8 heads after all, a head's rows being Q = 512
+# rows (~16 MB of scores and output) apart in the default order. The block kernel's HEADS_INNER
+# takes the rows heads innermost, so each mask row is read by all its heads' programs at about the
+# same time. Measured (H200, ec37f21): it won every masked fp32 case (8192-32768: 87-95% against
+# 80-92%) and no bf16 one, and is the masked fp32 forward's default since
+# (_softmax.heads_inner_order). (warps, maxnreg or None).
 HEADS_INNER_ARMS = ((4, None), (8, None), (16, None), (32, None), (16, 64))
 
 
@@ -260,16 +256,16 @@ def _even_arms(
     heads_warps: tuple[int, ...] = (),
     pieces: tuple[tuple[int, int], ...] = (),
 ) -> list[tuple[str, Any]]:
-    """Session 15: the single-block forward as the launcher configures it (forward_config's
+    """The single-block forward as the launcher configures it (forward_config's
     warps, forward_maxnreg's cap, heads_inner_order's row order), plain, with EVEN (no
     predicates: the row fills its block), with MASK_VEC (a bool mask at x's load width: no
     layout conversion, but ptxas then held back 3 of 8 load pairs where the loads were
     predicated), and with both; ROWS_LOOP's rows kernel beside them where it is the default.
     `warps_list` adds the same variants at other warps (uncapped), `rows_list` the persistent
     rows kernel at these (warps, programs an SM, stages), plain and with EVEN and MASK_VEC.
-    Session 16: `heads_warps` the block heads innermost at these warps, whatever the policy says
-    (session 15's maskvec/ run had the bf16 one at 16 warps with MASK_VEC at 90% of the copy at
-    16384 against 85-87% as configured, once), with the same variants. Session 17: `pieces`,
+    `heads_warps`: the block heads innermost at these warps, whatever the policy says
+    (the run committed in ec37f21 had the bf16 one at 16 warps with MASK_VEC at 90% of the copy at
+    16384 against 85-87% as configured, once), with the same variants. `pieces`:
     (piece, warps) of _softmax_fwd_pieces for padded rows."""
     import torch
 
@@ -289,7 +285,7 @@ def _even_arms(
     variants = [("", {})]
     if cols == block_n:
         variants.append((" even", {"EVEN": True}))
-    # Session 19: `MASK_VECS` (--mask-vec) other widths than x's 16-byte load.
+    # `MASK_VECS` (--mask-vec): other widths than x's 16-byte load.
     for width in MASK_VECS or (16 // itemsize,) if masked else ():
         vec, name = {"MASK_VEC": width}, " vec" if width == 16 // itemsize else f" vec{width}"
         variants.append((name, vec))
@@ -316,8 +312,8 @@ def _even_arms(
             arms.append((name + suffix, block))
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
     for rows_warps, per_sm, stages, *inner_flag in rows_list:
-        # Session 16: MASK_VEC with predicates too (rows that do not fill the block). Session
-        # 19: a fourth field of 1 takes the rows heads innermost (the rows kernel's HEADS_INNER).
+        # MASK_VEC with predicates too (rows that do not fill the block). A fourth field of 1 takes
+        # the rows heads innermost (the rows kernel's HEADS_INNER).
         rows_heads = HEADS if masked and inner_flag and inner_flag[0] else 0
         for suffix, extra in variants:
 
@@ -330,7 +326,7 @@ def _even_arms(
             name = f"rows w{rows_warps} {per_sm}/SM s{stages}{' heads-inner' if rows_heads else ''}"
             arms.append((name + suffix, rows_variant))
         if case["mask_kind"] == ks.MASK_BOOL and cols == block_n and not case.get("kernel_kind"):
-            # Session 19: the same rows reading the mask as 64-bit words
+            # The same rows reading the mask as 64-bit words
             # (_softmax_fwd_rows_words; the bench's mask is contiguous along K, rows 8-byte
             # aligned).
             words_kw = {k: v for k, v in kw.items() if k != "MASK_KIND"}
@@ -344,7 +340,7 @@ def _even_arms(
             name = f"rows w{rows_warps} {per_sm}/SM s{stages}{' heads-inner' if rows_heads else ''}"
             arms.append((name + " words", rows_words))
     for piece, piece_warps in pieces:
-        # Session 17: the row as full pieces without predicates and a predicated tail
+        # The row as full pieces without predicates and a predicated tail
         # (_softmax_fwd_pieces), in the default order and heads innermost, with and without
         # MASK_VEC.
         full = cols // piece
@@ -374,7 +370,7 @@ def _even_arms(
         arms.append((f"rows w{rows_warps} {per_sm}/SM s{stages} (ROWS_LOOP)", rows_kernel))
     rows = ks.rows_heads_inner(cols, case["mask_kind"], itemsize) if heads else None
     if rows is not None:
-        # The launcher's choice there: the rows read as 64-bit words (since session 19's
+        # The launcher's choice there: the rows read as 64-bit words (since
         # a695108; the bench's mask allows it, words_mask).
         rows_warps, per_sm, stages = rows
         grid = per_sm * torch.cuda.get_device_properties(x.device).multi_processor_count
@@ -504,7 +500,7 @@ def measure_softmax(
                            "copy_gbps": copy_gbps, "arms": {}}  # fmt: skip
     cases = [("", case)]
     if MASK_PTX and case["mask_kind"] == ks.MASK_BOOL:
-        # Session 19: every arm again with the bool mask applied in PTX (MASK_BOOL_PTX), on a
+        # Every arm again with the bool mask applied in PTX (MASK_BOOL_PTX), on a
         # copy of the case with its own output.
         cases.append((" ptx", {**case, "kernel_kind": ks.MASK_BOOL_PTX}))
     arms = []
@@ -565,7 +561,7 @@ def measure_bias_act(dtype_name: str, cols: int) -> dict[str, Any]:
 
     # The two GELU kernels side by side (the functional API picks by dtype: act_code).
     # Launched bare (direct_launches): outside it the launch goes through wrap_triton's
-    # higher-order op and the host path, not the kernel, is timed (session 8's first try).
+    # higher-order op and the host path, not the kernel, is timed (as a first try at 550ec6a was).
     def bare(code: int) -> Any:
         with direct_launches():
             return bias_act_forward(x, bias, "gelu", 0.5, code=code)
@@ -678,11 +674,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="bias_act_scale's forward under each BIAS_FWD_TILES tile at these row "
                         "lengths, before the rows")  # fmt: skip
     p.add_argument("--skip-measured", action="store_true",
-                   help="leave out the arms sessions 7-11 measured below the defaults "
+                   help="leave out the arms measured below the defaults on the H200 "
                         "(LOOP_CONFIGS, PERSISTENT, ROW_PAIRS)")  # fmt: skip
     p.add_argument("--even-arms", action="store_true",
                    help="the single block as the launcher configures it, with and without EVEN "
-                        "and MASK_VEC (session 15), instead of the other arms")  # fmt: skip
+                        "and MASK_VEC, instead of the other arms")  # fmt: skip
     p.add_argument("--even-warps", type=int, nargs="*", default=[],
                    help="with --even-arms: the same variants at these warps too")  # fmt: skip
     p.add_argument("--even-rows", nargs="*", default=[], metavar="W:P:S[:H]",
@@ -692,7 +688,7 @@ def main(argv: list[str] | None = None) -> int:
                         "kernel (_softmax_fwd_rows_words)")  # fmt: skip
     p.add_argument("--pieces", nargs="*", default=[], metavar="P:W",
                    help="with --even-arms: padded rows as full pieces of P elements and a tail, "
-                   "at W warps (session 17)")  # fmt: skip
+                   "at W warps")  # fmt: skip
     p.add_argument("--even-heads", type=int, nargs="*", default=[], metavar="W",
                    help="with --even-arms: the masked block heads innermost at these warps, "
                         "with the same variants")  # fmt: skip

@@ -1,11 +1,11 @@
-"""Where one eager kernel call's time goes (issue 6): the host's launch path, layer by layer,
+"""Where one eager kernel call's time goes: the host's launch path, layer by layer,
 against the kernel's own device time.
 
-    PYTHONPATH=src python3 benchmarks/kernel_host_path.py --out benchmarks/results/kernels-h200
+    PYTHONPATH=src python3 benchmarks/kernel_host_path.py --out benchmarks/results/kernels/h200
 
-Session 6 measured kiln's forward softmax at 50-60 us of host time per call against 10 us for
-torch.softmax, and found short rows launch-bound (fp32 4096 x 2048 at 52% of the copy ceiling;
-94% in session 2). This script splits that time for one shape per dtype:
+On an H200 (kiln bb4a839) kiln's forward softmax took 50-60 us of host time per call against
+10 us for torch.softmax, and short rows were launch-bound (fp32 4096 x 2048 at 52% of the copy
+ceiling; 94% at 07be054). This script splits that time for one shape per dtype:
 
 - host us per call, back-to-back calls with no synchronisation, median of several rounds, for
   torch.softmax, torch.empty_like (the output allocation), kiln's functional API, the op body
@@ -18,25 +18,25 @@ torch.softmax, and found short rows launch-bound (fp32 4096 x 2048 at 52% of the
   with and without the output allocation.
 
 It also measured kiln's experimental fast launch (KILN_FAST_LAUNCH=1: each compiled kernel kept
-under a specialisation key of kiln's own and launched directly), until session 7 showed it slower
-and it was removed. On the H200 (torch 2.11, Triton 3.6), softmax forward at 4096 x 2048, host us
-per eager call: kiln's functional.softmax 33.3 plain against 44.7 with the fast launch (bf16:
-59.5 against 62.2). The compiled kernel's own launcher is cheaper than the JIT's: 10.0 us called
-with every argument including the constexprs, against 17.6 us for the bare `kernel[grid](...)`
-(bf16: 14.4 against 29.1); but building the key in Python, in kiln's wrapper, cost more than the
-launcher saved.
+under a specialisation key of kiln's own and launched directly), until a run at 51e19d0 showed it
+slower and it was removed. On the H200 (torch 2.11, Triton 3.6), softmax forward at 4096 x 2048,
+host us per eager call: kiln's functional.softmax 33.3 plain against 44.7 with the fast launch
+(bf16: 59.5 against 62.2). The compiled kernel's own launcher is cheaper than the JIT's: 10.0 us
+called with every argument including the constexprs, against 17.6 us for the bare
+`kernel[grid](...)` (bf16: 14.4 against 29.1); but building the key in Python, in kiln's wrapper,
+cost more than the launcher saved.
 
-Session 17 added kiln's launch cache (src/torchkiln/kernels/_launch_cache.py: the op body's
+kiln's launch cache (src/torchkiln/kernels/_launch_cache.py: the op body's
 launch recorded per key of the op's inputs, replayed through the compiled launcher), on by
 default: every layer is called once before it is timed (the cache's miss), and the functional
 calls are also timed with it off ("cache off", KILN_LAUNCH_CACHE=0's path).
 
 Then, per dtype, one eager call of each functional API (softmax, masked_softmax with the bench's
 [1, 1, Q, K] bool mask, bias_act_scale with gelu) at 4096 x 2048: its host us with the cache
-on and off, in rounds taking turns (paired_host_us, since session 20; the cache's goal is
+on and off, in rounds taking turns (paired_host_us; the cache's goal is
 judged on the median of the rounds' ratios), and the Python
 functions its time goes to (cProfile over PROFILE_CALLS calls, the costliest by own time). In
-session 7's bandwidth table masked_softmax's forward took 82-99 us of host time per call against
+the bandwidth table at 51e19d0 masked_softmax's forward took 82-99 us of host time per call against
 softmax's 29-33, and bf16 bias_act_scale 50-56 us against fp32's 30-33: unexplained, since the
 Python around the launch differs by a few views.
 
@@ -60,7 +60,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 CALLS, ROUNDS = 200, 7
-# The launch cache's goal (session 17), judged in one run: an eager functional call's host time
+# The launch cache's goal, judged in one run: an eager functional call's host time
 # with the cache at most this fraction of the same call's with it off.
 CACHE_GOAL = 0.75
 GRAPH_CALLS, GRAPH_REPLAYS = 20, 50
@@ -92,7 +92,7 @@ def host_us(fn: Any, busy: bool = False) -> float:
 
 def host_us_cache_off(fn: Any, busy: bool = False) -> float:
     """host_us with kiln's eager launch cache off (KILN_LAUNCH_CACHE=0): the launcher's policy
-    and Triton's JIT launch on every call, as before session 17."""
+    and Triton's JIT launch on every call, as without the cache."""
     from torchkiln.kernels import _launch_cache
 
     _launch_cache.enabled = False
@@ -107,8 +107,8 @@ def paired_host_us(fn: Any) -> dict[str, Any]:
     """One call's host time with kiln's launch cache on and off, a round of each in turn
     (which goes first alternating), so that the host's drift over the run moves both alike:
     the medians of each and the median of the rounds' paired ratios (on / off). Measured one
-    after the other, the ratio rode on the host: the bias_act fp32 forward read 0.60-0.91 by
-    lease in session 19."""
+    after the other, the ratio rode on the host: the bias_act fp32 forward read 0.60-0.91 from
+    one GPU machine to the next (H200, 4492765)."""
     import torch
 
     from torchkiln.kernels import _launch_cache
@@ -217,7 +217,7 @@ def measure(dtype_name: str, rows_n: int, cols: int) -> dict[str, Any]:
         ("op body (direct)", via_op_body),
         ("launcher (direct)", via_launcher),
     ):
-        fn()  # session 17: the launch cache's miss (recording) outside the timing
+        fn()  # the launch cache's miss (recording) outside the timing
         layers.append({"layer": name, "status": "ok", "host_us": host_us(fn)})
     cache_off = host_us_cache_off(lambda: functional.softmax(x))
     layers.insert(3, {"layer": "kiln functional.softmax, cache off", "status": "ok",
@@ -239,11 +239,11 @@ def measure(dtype_name: str, rows_n: int, cols: int) -> dict[str, Any]:
         layers.append({"layer": "compiled kernel", "status": f"warmup: {type(exc).__name__}: "
                        f"{exc}"[:300]})  # fmt: skip
     else:
-        # A CompiledKernel's launcher indexes all three grid dimensions (session 7: a 1-tuple
+        # A CompiledKernel's launcher indexes all three grid dimensions (a 1-tuple
         # raised IndexError on Triton 3.6).
         grid3 = (*grid, 1, 1)[:3]
-        # Every constexpr in the kernel's order, defaults where not given (session 14: two
-        # added to the kernel since left this call two short, a TypeError on the H200).
+        # Every constexpr in the kernel's order, defaults where not given (two
+        # constexprs added to the kernel once left this call two short, a TypeError on the H200).
         params = ks._softmax_fwd_block.params
         with_consts = (*args, *(consts.get(p.name, p.default) for p in params if p.is_constexpr))
         _attempt("compiled[grid](args)", lambda: compiled[grid3](*args), ref, y, layers)
@@ -251,7 +251,7 @@ def measure(dtype_name: str, rows_n: int, cols: int) -> dict[str, Any]:
                  y, layers)  # fmt: skip
         # What a kiln-side launch cache would cost: a key holding what Triton specialises on
         # (each pointer's dtype and 16-byte alignment, each int's == 1 and % 16, the launch
-        # options), a dict lookup, the compiled launcher. Session 14: measured before building.
+        # options), a dict lookup, the compiled launcher, measured before building one.
         cache = {}
 
         def spec(v: Any) -> tuple:
@@ -286,8 +286,8 @@ def measure(dtype_name: str, rows_n: int, cols: int) -> dict[str, Any]:
 
 def masked_ladder(dtype_name: str, rows_n: int = 4096, cols: int = 2048) -> list[dict]:
     """masked_softmax's forward call, layer by layer, at the bench's attention shape: host us
-    per call with the GPU idle and busy. Session 7's table gave it 82-99 us of host time
-    against softmax's 29-33; session 8 (before this ladder) removed the four views the op body
+    per call with the GPU idle and busy. The table at 51e19d0 gave it 82-99 us of host
+    time against softmax's 29-33; 550ec6a (before this ladder) removed the four views the op body
     built per call, and the ladder keeps that old path as a layer to compare."""
     import torch
     import triton
@@ -324,7 +324,7 @@ def masked_ladder(dtype_name: str, rows_n: int = 4096, cols: int = 2048) -> list
         with direct_launches():
             ks.softmax_forward(scores, mask, ATTN_SCALE, safe=True)
 
-    def launcher_with_views() -> None:  # the op body of sessions 5-7
+    def launcher_with_views() -> None:  # the op body before 550ec6a
         s4 = scores.reshape(shape)
         m4 = mask.reshape(mask.shape).expand(s4.shape)
         with direct_launches():
@@ -350,7 +350,7 @@ def masked_ladder(dtype_name: str, rows_n: int = 4096, cols: int = 2048) -> list
         "functional checks only": checks_only,
         "op body (direct)": op_body,
         "launcher, mask as given": launcher,
-        "launcher, session-7 views": launcher_with_views,
+        "launcher, per-call views": launcher_with_views,
         "bare kernel, masked": bare,
         "bare kernel, no mask": bare_unmasked,
     }
@@ -417,7 +417,7 @@ def functional_calls(dtype_name: str, rows_n: int = 4096, cols: int = 2048) -> l
         "softmax": lambda: F.softmax(x),
         "masked_softmax": lambda: F.masked_softmax(scores, mask, ATTN_SCALE),
         "bias_act_scale gelu": lambda: F.bias_act_scale(x, bias, "gelu", 0.5),
-        # The backward calls as autograd makes them in eager training (session 17).
+        # The backward calls as autograd makes them in eager training.
         "softmax bwd": lambda: ops.autograd_softmax_backward(x, dy, 1.0),
         "bias_act gelu bwd": lambda: ops.autograd_bias_act_backward(x, bias, dy, "gelu", 0.5),
     }
@@ -497,7 +497,7 @@ def judge_cache(calls: list[dict]) -> bool:
     for c in calls:
         if "host_us" not in c:
             continue
-        # Runs before session 20 timed the two apart: the ratio of their medians.
+        # Runs saved before the rounds were paired timed the two apart: the ratio of their medians.
         ratio = c.get("cache_ratio", c["host_us"] / c["host_us_cache_off"])
         if c["call"].endswith("bwd"):
             # No goal: a backward call had no validation to skip, and the bias_act one makes

@@ -1,27 +1,25 @@
 """Instructions per element of kiln's element-wise kernels, from their SASS (no GPU needed).
 
-    python3 benchmarks/kernel_sass.py --out benchmarks/results/kernels-sass
+    python3 benchmarks/kernel_sass.py --out benchmarks/results/kernels/sass
 
-A kernel whose every element costs the same straight-line code is issue-bound when its
-instructions per element times the element rate exceed what the SMs can issue: on an H200, 132
-SMs x 4 schedulers x ~1.98 GHz x 32 lanes is ~3.3e13 thread-instructions a second, and a bf16
-element moved at the ~3.9 TB/s copy ceiling (2 bytes in, 2 out) arrives at ~9.8e11 a second,
-so ~34 instructions per element is the most a bf16 kernel can spend and still keep up with
-memory, fewer in practice. In session 8 the bf16 bias_act_scale forward with tl.erf's GELU (41.5
-instructions per element here) ran at 62% of the copy ceiling, the erfc polynomial of then
-(40.0) at 73% and relu (10.5) at 94%: a rough guide, not a model (the instruction mix counts
-too).
+A kernel whose every element costs the same straight-line code is issue-bound when its instructions
+per element times the element rate exceed what the SMs can issue: on an H200, 132 SMs x 4 schedulers
+x ~1.98 GHz x 32 lanes is ~3.3e13 thread-instructions a second, and a bf16 element moved at the ~3.9
+TB/s copy ceiling (2 bytes in, 2 out) arrives at ~9.8e11 a second, so ~34 instructions per element
+is the most a bf16 kernel can spend and still keep up with memory, fewer in practice. On an H200
+(kiln 550ec6a) the bf16 bias_act_scale forward with tl.erf's GELU (41.5 instructions per element
+here) ran at 62% of the copy ceiling, the erfc polynomial of then (40.0) at 73% and relu (10.5) at
+94%: a rough guide, not a model (the instruction mix counts too).
 
 For each configuration it compiles the kernel for sm_90 with Triton's own compiler (its
 front end, LLVM and the bundled ptxas all run on the CPU), disassembles the cubin with the
 bundled cuobjdump, and counts the instructions of the whole (loop-free) kernel over the
 elements one thread handles, with the integer arguments specialised as at the bench's launch
 (compile_sm90). It also counts the softmax forward at 12672 columns (the single block padded to
-16384, which fp32 and the masked forward ran there; sessions 14-16 ran the bf16 softmax in the
-persistent rows kernel at that length, and since session 17 padded rows take
-_softmax._softmax_fwd_pieces where pieces_config says; session 8 also counted a
-kernel holding the row as power-of-two pieces, 21.7 against 25.9 at bf16, which then ran slower
-on the H200 and was removed in session 9). Writes
+16384, which fp32 and the masked forward run there; padded rows take
+_softmax._softmax_fwd_pieces where pieces_config says; an earlier count of a kernel holding the
+row as power-of-two pieces, 21.7 against 25.9 at bf16, ran slower on the H200 (8c6d424) and was
+removed). Writes
 DIR/kernel_sass.json with the environment and prints a table last. Needs the `triton` extra.
 """
 
@@ -165,7 +163,7 @@ def softmax_rows(cols: int) -> list[dict[str, Any]]:
             ]  # fmt: skip
             # The bench's attention shape: [1, 8, 512, N] scores, a [1, 1, 512, N] bool mask.
             heads, q = 8, ROWS // 8
-            # Session 17: the pieces kernel where pieces_config takes these rows (the bench's
+            # The pieces kernel where pieces_config takes these rows (the bench's
             # mask is shared by the heads).
             pieces = ks.pieces_config(cols, kind, itemsize, shared=True)
             if pieces is not None:

@@ -1,13 +1,13 @@
 """kiln's timer against the plain loop, interleaved in one process: the check of the instrument
 that host drift cannot fake.
 
-Launch-bound steps (eager bf16) moved by 20% or more between processes minutes apart on the
-H200 hosts (benchmarks/README.md, session 2), in both directions, so comparing kiln's trial with
-a plain loop run later in another process tests the host, not kiln. Here both run in one
-process, rep by rep, alternating which goes first: the plain loop of plain_loop.py (its own
-model build, 50 steps between CUDA events) and kiln's arm and StepTimer (kiln's build, kiln's
-calibrated rep length, a synchronise before each rep). The result is the paired ratio
-kiln / plain with its bootstrap 95% interval. Prints one JSON line.
+Launch-bound steps (eager bf16) moved by 20% or more between processes minutes apart on the H200
+hosts (docs/decisions.md, "The plain-loop check runs in kiln's process"), in both directions, so
+comparing kiln's trial with a plain loop run later in another process tests the host, not kiln. Here
+both run in one process, rep by rep, alternating which goes first: the plain loop of plain_loop.py
+(its own model build, 50 steps between CUDA events) and kiln's arm and StepTimer (kiln's build,
+kiln's calibrated rep length, a synchronise before each rep). The result is the paired ratio kiln /
+plain with its bootstrap 95% interval. Prints one JSON line.
 
     PYTHONPATH=src python3 benchmarks/plain_vs_kiln.py resnet50 infer bf16 eager [--pairs 10]
 """

@@ -1,6 +1,6 @@
 """`kiln tune` stopped and started again in its default directory, on the GPU.
 
-    PYTHONPATH=src python3 benchmarks/tune_reuse_check.py --out benchmarks/results/tune-h200/reuse
+    PYTHONPATH=src python3 benchmarks/tune_reuse_check.py --out benchmarks/results/tune/h200
 
 Every tune of one workload and step writes to one default directory (kiln-runs/tune-simple-infer
 here), so a second tune there finds the first one's trials. Four runs of `kiln tune simple` in a

@@ -29,7 +29,7 @@ def _has_cuda() -> bool:
 def pytest_collection_modifyitems(config, items):
     if _has_cuda():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (run through the device tool)")
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run `pytest -m gpu` on a GPU machine)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)

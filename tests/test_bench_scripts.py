@@ -1,5 +1,5 @@
 """Summaries of the GPU benchmark scripts, as pure functions over made-up documents (no trials
-run): bench_tune.py's pick against the plain torch.compile modes (the ratios issue 5's goals are
+run): bench_tune.py's pick against the plain torch.compile modes (the ratios its goals are
 judged on) and bench_dist.py's scaling rows with both one-process references."""
 
 from __future__ import annotations
@@ -179,42 +179,6 @@ def test_dist_scaling_rows_carry_both_one_process_references():
     failed = rows["eager+bf16"]
     assert failed["status"] == "timeout" and failed["scaling_efficiency"] is None
     assert failed["scaling_efficiency_own_process"] is None
-
-
-def test_aa_probe_times_one_instance_against_itself_and_fresh_pairs_on_the_cpu():
-    """The A/A probe on the CPU's tiny preset: the same code path the H200 run takes."""
-    proc = _run_benchmark(
-        "aa_probe.py",
-        *"--workload simple --preset tiny --device cpu --variant eager --reps 6 --rounds 2".split(),
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    doc = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(doc["rounds"]) == 2
-    for part in [doc["same"], *doc["rounds"]]:
-        assert len(part["a_ms"]) == len(part["b_ms"]) == 6
-        lo, hi = part["ci95"]
-        assert 0 < lo <= part["speedup"] <= hi
-    assert doc["environment"]["kiln_version"]
-
-
-@pytest.mark.parametrize("place", ["with-build", "reverse"])
-def test_aa_order_probe_times_every_instance_against_the_first_on_the_cpu(place):
-    proc = _run_benchmark(
-        "aa_order_probe.py",
-        *"--workload simple --preset tiny --device cpu --variant eager --instances 3".split(),
-        *("--reps", "4", "--place", place),
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    doc = json.loads(proc.stdout.strip().splitlines()[-1])
-    for name in ("gc_on", "gc_off"):
-        part = doc["passes"][name]
-        assert [len(ms) for ms in part["ms"]] == [4, 4, 4]
-        assert [r["instance"] for r in part["ratios"]] == [1, 2]
-        for r, ms in zip(part["ratios"], part["ms"][1:], strict=True):
-            lo, hi = r["ci95"]
-            assert 0 < lo <= r["this_ms_over_first_ms"] <= hi
-            ratios = sorted(a / b for a, b in zip(ms, part["ms"][0], strict=True))
-            assert r["this_ms_over_first_ms"] == pytest.approx((ratios[1] + ratios[2]) / 2)
 
 
 def test_bench_zoo_aa_check_on_the_cpu_writes_its_verdict(tmp_path):

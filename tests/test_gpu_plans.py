@@ -1,8 +1,8 @@
-"""Every plan in benchmarks/h200_queue.sh calls the benchmark scripts with options they accept.
+"""Every plan in benchmarks/gpu_plan.sh calls the benchmark scripts with options they accept.
 
-A GPU lease is 30 minutes a session; a misspelt flag in a plan costs a job's share of it. The
-plans run here with `python3`, `timeout`, `taskset`, `nvidia-smi` and `lscpu` stubbed (the stub
-python records each command line), then each recorded script is run for real up to its
+GPU time is scarce; a misspelt flag in a plan costs a job's share of it. The plans run here with
+`python3`, `timeout`, `taskset`, `nvidia-smi`, `lscpu` and `ncu` stubbed (the stub python
+records each command line), then each recorded script is run for real up to its
 argument parsing, which must succeed, and each pytest path must exist.
 """
 
@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-QUEUE = ROOT / "benchmarks" / "h200_queue.sh"
+PLAN_RUNNER = ROOT / "benchmarks" / "gpu_plan.sh"
 PLANS = [
-    "session2", "zoo", "zoo-rest", "tune", "tune-infer", "tune-train", "leftovers", "session6",
-    "tune-parallel", "tune-parallel-train", "kernels", "kernels-retune", "kernels-final",
-    "bias-tiles", "kernels-heads", "kernels-words",
+    "all", "zoo", "tune-infer", "tune-train", "tune-2gpu-infer", "tune-2gpu-train",
+    "train-plain-fp32", "kernels", "kernels-table", "kernels-ncu", "serve", "xla", "dist",
+    "gpu-tests",
 ]  # fmt: skip
 
 # Runs a script as __main__ but stops at its first parse_args: exit 0 if the options parse,
@@ -64,9 +64,11 @@ def _record_plan(plan: str, tmp: Path, **extra_env: str) -> list[list[str]]:
     )
     for name in ("taskset", "nvidia-smi", "lscpu"):
         _stub(bin_dir, name, "exit 0\n")
+    # ncu [OPTIONS...] python3 SCRIPT...: run the profiled command.
+    _stub(bin_dir, "ncu", 'while [ $# -gt 0 ] && [ "$1" != python3 ]; do shift; done\nexec "$@"\n')
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", **extra_env}
     proc = subprocess.run(
-        ["bash", str(QUEUE), f"phases-{plan}", str(root)],
+        ["bash", str(PLAN_RUNNER), "plan", str(root), plan],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -82,7 +84,8 @@ def _record_plan(plan: str, tmp: Path, **extra_env: str) -> list[list[str]]:
 def test_a_plan_calls_its_scripts_with_options_they_accept(plan, tmp_path):
     calls = _record_plan(plan, tmp_path)
     scripts = [c for c in calls if c[0].startswith("benchmarks/") and c[0].endswith(".py")]
-    assert scripts, f"plan {plan} runs no benchmark script"
+    # gpu-tests runs only pytest; every other plan runs benchmark scripts.
+    assert scripts or (plan == "gpu-tests" and calls), f"plan {plan} runs no benchmark script"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     for argv in {tuple(c) for c in scripts}:
         proc = subprocess.run(
@@ -102,11 +105,9 @@ def test_a_plan_calls_its_scripts_with_options_they_accept(plan, tmp_path):
 
 def test_jobs_past_the_deadline_are_skipped_and_said_so(tmp_path):
     # A deadline 30 s after the start, set for the whole plan: every job has under a minute.
-    calls = _record_plan("session6", tmp_path, DEADLINE_S="30")
+    calls = _record_plan("kernels", tmp_path, DEADLINE_S="30")
     status = (tmp_path / "root" / "status.txt").read_text()
-    names = ["aa_eager_replicas", "aa_ro_replicas", "tune_bert-base_train", "serve_nocudnn"]
-    names += ["xla_bert_train", "kernels_tests", "kernels"]
-    for name in names:
+    for name in ["kernels_tests", "kernel_configs", "kernels"]:
         assert f"skip  {name}: " in status and f"start {name}\n" not in status
     assert calls == []
 
@@ -121,3 +122,23 @@ def test_the_parse_only_runner_catches_a_bad_option(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 2 and "--no-such-flag" in proc.stderr
+
+
+def test_an_unknown_plan_is_refused_with_the_list(tmp_path):
+    (tmp_path / "logs").mkdir()
+    proc = subprocess.run(
+        ["bash", str(PLAN_RUNNER), "plan", str(tmp_path), "no-such-plan"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "unknown plan 'no-such-plan'" in proc.stderr and "kernels-table" in proc.stderr
+
+
+def test_the_plan_list_names_every_plan_tested_here():
+    proc = subprocess.run(
+        ["bash", str(PLAN_RUNNER), "list"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0 and sorted(proc.stdout.split()) == sorted(PLANS)

@@ -1,7 +1,7 @@
 """Trial processes do not outlive the kiln that launched them (runner/orphan.py): a launcher
-killed outright leaves no trial behind, a Ctrl-C while a trial runs ends it, and a pool stopped
-by one ends the trials its threads wait on instead of waiting for them to finish. Session 21's
-H200 run found an orphaned max-autotune trial timing its steps beside the next benchmark."""
+killed outright leaves no trial behind, a Ctrl-C while a trial runs ends it, and a pool stopped by
+one ends the trials its threads wait on instead of waiting for them to finish. An H200 run (kiln
+0a7b0dc) found an orphaned max-autotune trial timing its steps beside the next benchmark."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def wait_until(check, seconds: float) -> bool:
 
 
 # The launcher (a stand-in for kiln) starts a trial the way launch._spawn does: its own
-# session, KILN_LAUNCHER_PID naming the launcher. The trial starts a worker of its own (as
+# process session, KILN_LAUNCHER_PID naming the launcher. The trial starts a worker of its own (as
 # Inductor's compile workers), writes both pids, and would sleep for a minute.
 LAUNCHER = """
 import subprocess, sys, time

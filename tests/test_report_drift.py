@@ -22,7 +22,7 @@ def _trial(variant: str, base_ms: float, paired: bool = True) -> dict:
 
 
 def test_a_steady_baseline_gives_its_spread_and_no_warning():
-    # resnet50 infer fp32 on the H200 (session 3): baselines 11.667 to 11.869 ms.
+    # resnet50 infer fp32 on the H200 (kiln d08ad43): baselines 11.667 to 11.869 ms.
     d = baseline_drift([_trial("eager", 11.667), _trial("a", 11.705), _trial("b", 11.869)])
     assert d["warning"] is None
     assert abs(d["spread"] - (11.869 / 11.667 - 1)) < 1e-12

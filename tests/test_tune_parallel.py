@@ -59,7 +59,7 @@ def test_independent_candidates_run_at_once_one_per_gpu(tmp_path, monkeypatch):
     search = [c for c in calls if c["index"] > 0 and c["baseline"] == "eager"]
     assert len(search) >= 4, calls
     # No variant ran twice: a refinement is not queued again while its trial runs on the other
-    # GPU (session 11 ran one twice and reported a tie of the variant with itself).
+    # GPU (an H200 tune at 983fb19 ran one twice and reported a tie of the variant with itself).
     assert len({c["variant"] for c in search}) == len(search), [c["variant"] for c in search]
     # Every search trial was pinned to one of the two GPUs, and both were used.
     assert {c["gpu"] for c in search} == {0, 1}

@@ -79,7 +79,7 @@ def test_the_second_turn_keeps_time_only_for_finalists_already_measured():
     from torchkiln.tune.limits import head_to_head_reserve
 
     eager = {"variant": "eager", "status": "ok", "process_wall_s": 15.0}
-    # One compiled variant measured (session 20's `simple` tune on an H200: cudagraphs after
+    # One compiled variant measured (a `simple` tune on an H200, caaa360: cudagraphs after
     # eager): while more candidates are to come, time for comparing it with the next one...
     cudagraphs = {"variant": "cudagraphs", "status": "ok", "process_wall_s": 16.5,
                   "phase_s": {"correctness": 0.1, "kernels": 0.1}}  # fmt: skip

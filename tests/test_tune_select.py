@@ -211,7 +211,7 @@ def test_estimates_learn_from_measured_compile_times():
     assert est(slow) == 10.0 + 5.0 * 4.0
 
 
-# Session 3 on the H200, resnet50 infer bf16: reduce-overhead ran 1.80 ms and max-autotune
+# On the H200 (kiln d08ad43), resnet50 infer bf16: reduce-overhead ran 1.80 ms and max-autotune
 # 3.48 ms, but their speedups over eager (host-bound, 4.96 and 9.54 ms in their trials) read
 # 2.75x and 2.71x. Cross-trial speedups cannot separate them; a head-to-head trial can.
 RO = trial("inductor:mode=reduce-overhead+bf16", 1.80, (1.79, 1.81), 2.75, (2.66, 2.86), 13.4,
@@ -350,7 +350,7 @@ def test_refine_queues_one_refinement_of_the_leader_at_a_time_and_never_repeats_
     nxt = refine(results, EAGER, ev, pending, search, next_index=nxt)
     assert [c.spec for _, c in pending] == [cl, "cudagraphs"] and nxt == 7
     # Started on one GPU, no result yet, when another GPU's trial ends: not queued again (two
-    # H200s ran one refinement twice, session 11); the leader's next one comes instead.
+    # H200s once ran one refinement twice, kiln 983fb19); the leader's next one comes instead.
     pending.pop(0)
     in_flight = [list(p) for p in pending]
     refine(results, EAGER, ev, pending, search, next_index=nxt, running={cl})
@@ -403,7 +403,7 @@ def test_an_allowed_precision_goes_before_fp32_autotuning_on_a_compute_bound_ste
 
 
 def test_an_allowed_precision_leads_every_gpu_search_and_fp32_follows():
-    """Session 5's bert-base train tune (launch-bound, bf16 allowed) spent its budget on fp32
+    """An H200 bert-base train tune at 4a03791 (launch-bound, bf16 allowed) spent its budget on fp32
     candidates; now the verdict orders the bf16 ones and each fp32 twin comes after them all."""
     ev = Evidence(device="cuda", step="train", verdict="host/launch-bound", graph_breaks=0,
                   has_repeated_blocks=True, allow_precision={"bf16"})  # fmt: skip
@@ -455,27 +455,27 @@ def test_the_search_keeps_time_for_the_head_to_head_stage():
     b = measured("b", 6.0, 1.7, 55.0, 12.0, 10.0)  # the next by speedup
     # One measured: twice its process time without the checks a head-to-head skips.
     assert head_to_head_reserve([eager, a], 600, eager) == pytest.approx(2 * 69.0)
-    # Both arms in one process that starts once: 69 + 45 - (4 + 10) (session 6's 62 + 41 s
+    # Both arms in one process that starts once: 69 + 45 - (4 + 10) (an H200 tune's 62 + 41 s
     # arms, one start of about 14 s: its head-to-head took 73 s), scaled to what such trials
     # took on the H200.
     assert H2H_COST_FACTOR == 0.85
     assert head_to_head_cost(a, b) == pytest.approx(85.0)
     # A search trial that waited for the host beside a neighbour: the head-to-head, alone after
-    # the search, does not wait (session 11: 42.8 s of a 199 s estimate).
+    # the search, does not wait (H200, 983fb19: 42.8 s of a 199 s estimate).
     phases = {**a["phase_s"], "host_wait": 40.0}
     waited = {**a, "process_wall_s": 139.0, "wall_s": 135.0, "phase_s": phases}
     assert head_to_head_cost(waited, b) == pytest.approx(85.0)
     slow = measured("slow", 9.0, 1.1, 149.0, 14.0, 32.0)  # slow to build, not a finalist
     failed = {**measured("d", 1.0, 9.0, 315.0, 10.0, 0.0), "status": "timeout"}
     runs = [eager, a, b, slow, failed]
-    # The finalists' cost, not the slowest trials' (149 + 99 s in session 6).
+    # The finalists' cost, not the slowest trials' (149 + 99 s in an H200 tune at bb4a839).
     assert head_to_head_reserve(runs, 600, eager) == pytest.approx(85.0)
     assert head_to_head_reserve(runs, 200, eager) == pytest.approx(H2H_RESERVE_SHARE * 200)
 
 
 def test_a_trial_capped_by_the_budget_stops_early_enough_to_keep_the_reserve():
-    """Session 7: a trial stopped exactly where the search's share ended overran it by the
-    seconds its stop took, and the head-to-head it left time for missed by about 1 s."""
+    """On the H200 (b2eb8b8) a trial stopped exactly where the search's share ended overran it
+    by the seconds its stop took, and the head-to-head it left time for missed by about 1 s."""
     from torchkiln.tune.limits import TRIAL_CAP_MIN_S, TRIAL_STOP_S, search_limits
 
     # Plenty of room: the trial's own cap (at least TRIAL_CAP_MIN_S) within the search's room.
@@ -496,7 +496,7 @@ def test_a_trial_capped_by_the_budget_stops_early_enough_to_keep_the_reserve():
 
 
 def test_a_stopped_trial_is_told_which_limit_stopped_it():
-    """Session 10, bert-base training on two H200s: a trial's reason has to say whether its own
+    """bert-base training on two H200s (94c62e6): a trial's reason has to say whether its own
     cap (waits for the host not counted) or the search's share of the budget ended it."""
     from torchkiln.tune.limits import BUDGET_CAP_NOTE, CAP_NOTE, stop_note
 
@@ -509,7 +509,7 @@ def test_a_stopped_trial_is_told_which_limit_stopped_it():
 
 
 def test_the_plain_modes_at_the_lead_precision_run_before_other_scopes():
-    """Session 6's bert-base train tune (verdict balanced, bf16 allowed) measured default's
+    """An H200 bert-base train tune at bb4a839 (verdict balanced, bf16 allowed) measured default's
     regional and whole-step variants first and had no time left for reduce-overhead+bf16."""
     ev = Evidence(device="cuda", step="train", verdict="balanced", graph_breaks=0,
                   has_repeated_blocks=True, allow_precision={"bf16"})  # fmt: skip

@@ -376,7 +376,7 @@ def test_the_masked_fp32_forward_launches_heads_innermost_where_heads_share_its_
     fp32, bf16 = torch.float32, torch.bfloat16
     assert launch(fp32, (1, 1, 3), 8192) == (block, (12,), 4, 16)
     # Padded rows of 8193-16383 with a bool mask the heads share: the pieces kernel heads
-    # innermost, fp32 at 4 warps with MASK_VEC, bf16 at 8 without (session 17).
+    # innermost, fp32 at 4 warps with MASK_VEC, bf16 at 8 without (H200, 6f2ce4b).
     assert launch(fp32, (1, 1, 3), 12672) == (pieces, (12,), 4, 4)
     assert flags[-1] == (None, 4)
     assert launch(bf16, (1, 1, 3), 12672) == (pieces, (12,), 4, 8)
@@ -410,7 +410,7 @@ def test_the_masked_fp32_forward_launches_heads_innermost_where_heads_share_its_
     assert launch(fp32, (1, 1, 3), 32768, heads_inner=False)[0] is rows
     assert launch(fp32, (1, 1, 3), 32768, rows_config=(4, 1, 2))[0] is rows
     # The 2-byte bool-masked forward there: rows of exactly 32768 whose heads share the mask
-    # take the rows kernel heads innermost, its mask read as 64-bit words (session 19,
+    # take the rows kernel heads innermost, its mask read as 64-bit words (H200, 4492765;
     # ROWS_HEADS_2BYTE, _softmax_fwd_rows_words), one 32-warp program an SM (a grid of 2 on the
     # CPU's stand-in of 2 SMs); where the mask cannot be read as words (not on 8 bytes), the
     # rows kernel with its bool bytes, unpredicated, at x's width (8 columns); padded rows and a
@@ -479,7 +479,7 @@ def test_block_configs_hold_16_values_per_thread():
     assert forward_config(4096, masked=True, itemsize=2) == (1, 4096, 4)
     assert forward_config(8192, masked=True, itemsize=2) == (1, 8192, 8)
     assert forward_config(8192, masked=False, itemsize=2) == (1, 8192, 16)
-    # Session 14: the 2-byte masked forward at 8 warps in 16384-element blocks too (85% of the
+    # The 2-byte masked forward at 8 warps in 16384-element blocks too (85% of the
     # copy against 74% at 16, 4096 x 12672); the fp32 one keeps 16.
     assert forward_config(12672, masked=True, itemsize=2) == (1, 16384, 8)
     assert forward_config(16384, masked=True, itemsize=2) == (1, 16384, 8)
@@ -493,15 +493,15 @@ def test_block_configs_hold_16_values_per_thread():
     assert loop(65536, False, 4) == (16384, 32) and loop(16384, False, 4) is None
     assert loop(32768, masked=True, itemsize=4) is None and loop(65536, True, 2) is None
     # Rows of 16385-32768 take the persistent rows kernel where the H200 measured it faster
-    # (session 12): bf16 / fp16 without a mask (89% of the copy against the loop's 80%; one
-    # 32-warp program an SM since session 18), fp32 masked (83% against the block's 77%); fp32
+    # (cadbc2e): bf16 / fp16 without a mask (89% of the copy against the loop's 80%; one
+    # 32-warp program an SM since ad384b1), fp32 masked (83% against the block's 77%); fp32
     # without a mask keeps the chunk loop (97%), and the 2-byte masked forward the block with
-    # its mask at x's width (session 16: 74% against the rows kernel's 70% in five runs).
+    # its mask at x's width (542b55c: 74% against the rows kernel's 70% in five runs).
     rows = _softmax.rows_loop
     assert rows(32768, masked=False, itemsize=2) == rows(16385, False, 2) == (32, 1, 3)
     assert rows(32768, masked=True, itemsize=4) == rows(20000, True, 4) == (32, 1, 1)
     assert rows(32768, True, 2) is None and rows(20000, True, 2) is None
-    # Session 19: the 2-byte bool-masked forward over rows of exactly 32768 whose heads share
+    # The 2-byte bool-masked forward over rows of exactly 32768 whose heads share
     # the mask, heads innermost in the rows kernel (78% of the copy against the block's 75-76).
     heads_rows, bool_kind = _softmax.rows_heads_inner, _softmax.MASK_BOOL
     assert heads_rows(32768, bool_kind, 2) == (32, 1, 3)
@@ -510,8 +510,8 @@ def test_block_configs_hold_16_values_per_thread():
     assert heads_rows(16384, bool_kind, 2) is None
     assert rows(32768, False, 4) is None and rows(16384, True, 2) is None
     assert rows(32769, False, 2) is None and rows(65536, True, 4) is None
-    assert rows(12672, False, 2) is None  # padded rows: the pieces kernel since session 17
-    # Padded rows of 8193-16383 as full 4096-element pieces and a tail (session 17): 2-byte
+    assert rows(12672, False, 2) is None  # padded rows: the pieces kernel
+    # Padded rows of 8193-16383 as full 4096-element pieces and a tail (H200, 6f2ce4b): 2-byte
     # without a mask (97% of the copy at 12672 against the rows kernel's 91%), a
     # bool mask the heads share heads innermost (fp32 at 4 warps with MASK_VEC: 95% against
     # 92%; bf16 at 8: 90% against 84%), 2-byte with a bool mask in two pieces or with a tail
@@ -534,7 +534,7 @@ def test_block_configs_hold_16_values_per_thread():
     assert cfg(12672, add, 2, True) is None and cfg(12672, add, 4, True) is None
     assert cfg(8192, none, 2, False) is None and cfg(16384, none, 2, False) is None
     # The masked fp32 forward in 8192- to 32768-element blocks takes its rows heads innermost
-    # where several heads share a mask that differs by query (session 15: 91-94% of the copy
+    # where several heads share a mask that differs by query (H200, ec37f21: 91-94% of the copy
     # against 88-92%, 87% at 32768 against the rows kernel's 80); MASK_DIMS bits: 1 batch,
     # 2 heads, 4 queries, 8 a full contiguous mask.
     inner = _softmax.heads_inner_order
@@ -542,7 +542,7 @@ def test_block_configs_hold_16_values_per_thread():
     assert inner(4097, 4, 4, 8) and inner(32768, 5, 4, 16)
     assert not inner(4096, 4, 4, 8) and not inner(32769, 4, 4, 8)  # a 4096 block; the loop
     assert not inner(16384, 4, 4, 1)  # one head
-    # 2-byte dtypes with a bool mask (session 16: 90-91% of the copy against 86% at 16384 with
+    # 2-byte dtypes with a bool mask (H200, 542b55c: 90-91% of the copy against 86% at 16384 with
     # EVEN and MASK_VEC, 75-76% against 74% at 32768): where a row fills a 16384-element block,
     # and in 32768-element blocks; not in padded 16384-element blocks (at most 80% against 87%
     # at 12672), not at 8192 (unmeasured), not with an additive mask.
@@ -563,7 +563,7 @@ def test_block_configs_hold_16_values_per_thread():
     assert tile_config(256, _bias_act.FWD_TILE) == (8, 256, 4)
     assert tile_config(12672, _bias_act.FWD_TILE) == (4, 1024, 8)
     assert tile_config(12672, _bias_act.BWD_TILE) == (2, 1024, 8)
-    # The forward's 2-byte tiles from 1024 columns on: 2 x 1024 at 4 warps (session 14: 91-95% of
+    # The forward's 2-byte tiles from 1024 columns on: 2 x 1024 at 4 warps (H200, 127f407: 91-95% of
     # the copy against 86-91% in bf16 at 2048-16384); fp32 and shorter rows keep tile_config's.
     fwd = _bias_act.forward_tile
     assert fwd(12672, 2) == fwd(1024, 2) == (2, 1024, 4)
@@ -690,7 +690,7 @@ def _jit_functions():
 def test_every_kernel_default_is_a_literal_inductor_can_inline():
     # torch.compile copies a user kernel's source into a module of its own, without the names
     # of the module it came from: a default naming a module constant raised NameError in every
-    # compiled test on the H200 (session 14), though eager launches and the interpreter were fine.
+    # compiled test on the H200 (127f407), though eager launches and the interpreter were fine.
     found = dict(_jit_functions())
     assert "torchkiln.kernels._softmax._softmax_fwd_block" in found
     named = []

@@ -13,7 +13,8 @@ def _record(stats: ServeStats, label: str, ms: list[float]) -> None:
 
 def test_first_hits_far_above_the_median_are_counted_cold():
     stats = ServeStats()
-    # Session 6's pattern: two slow first hits (a graph recorded again), then steady.
+    # The pattern seen on an H200 (bb4a839): two slow first hits (a graph recorded again), then
+    # steady.
     _record(stats, "b1_s19", [22.3, 16.9] + [2.5] * 10)
     _record(stats, "b4_s32", [2.6, 2.4] + [2.5] * 10)  # warm from the start
     _record(stats, "b8_s64", [1.3, 0.5] + [0.4] * 10)  # over 3x its median, not 1 ms slower
