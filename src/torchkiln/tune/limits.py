@@ -11,7 +11,7 @@ from torchkiln.tune.select import finalists
 
 # A search trial may run this many times its estimate (at least TRIAL_CAP_MIN_S) before it is
 # stopped as a timeout: on an H200 a max-autotune compile ran 10-33x the default mode's (resnet50
-# fp32 past 600 s, `benchmarks/results/zoo-h200`), and one such compile must not spend the
+# fp32 past 600 s, `benchmarks/results/zoo/h200`), and one such compile must not spend the
 # budget that every remaining candidate needs.
 TRIAL_CAP_FACTOR = 3.0
 TRIAL_CAP_MIN_S = 120.0

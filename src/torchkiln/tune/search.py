@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from torchkiln.variants import parse_variant
 
 # Relative compile cost of a candidate, in units of the default mode's compile time. Measured
-# on an H200 (torch 2.11, benchmarks/results/zoo-h200, first call of max-autotune-no-cudagraphs
+# on an H200 (torch 2.11, benchmarks/results/zoo/h200, first call of max-autotune-no-cudagraphs
 # over default's): at bf16 bert-base infer 3.4, train 6.1, resnet50 infer 18, train 10.5 (median
 # about 8); at fp32 simple train 4.9, bert-base infer 10.4, train 17, resnet50 infer > 33 and
 # train > 15 (both still compiling when stopped; at 50de622 bert-base train fp32 max-autotune
