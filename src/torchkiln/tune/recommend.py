@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from torchkiln.runner.arm_facts import ArmFacts, arm_facts
 from torchkiln.variants import Variant, parse_variant
 
 
@@ -24,85 +25,111 @@ def _compile_args(v: Variant) -> str:
     return ", ".join(args)
 
 
-def code(spec: str, step: str, device: str) -> str:
-    """Python that reproduces the variant outside kiln."""
-    v = parse_variant(spec)
-    dev = device.split(":")[0]
-    lines = ["import torch", ""]
-    if v.precision == "tf32":
+def _setup(f: ArmFacts) -> list[str]:
+    """The steps the trial took before compiling, in its order (runner.executable)."""
+    lines = [f'device = "{f.device}"', "model = model.to(device)"]
+    if f.eval_mode:
+        lines.append("model.eval()  # measured in inference mode: dropout off, batch norm frozen")
+    else:
+        lines.append("model.train()  # measured in training mode")
+    lines.append("x = x.to(device)" + ("" if f.eval_mode else "\ny = y.to(device)"))
+    if f.tf32:
         lines += [
             "torch.backends.cuda.matmul.allow_tf32 = True",
             "torch.backends.cudnn.allow_tf32 = True",
         ]
-    elif v.precision in ("fp32",) and dev == "cuda":
+    elif f.device_type == "cuda":
         lines += [
             "# measured with TF32 off (full fp32):",
             "torch.backends.cuda.matmul.allow_tf32 = False",
             "torch.backends.cudnn.allow_tf32 = False",
         ]
-    if v.channels_last:
+    if f.channels_last:
         lines += [
             "model = model.to(memory_format=torch.channels_last)",
             "x = x.contiguous(memory_format=torch.channels_last)  # 4-D image inputs",
         ]
-    name = v.backend.name
+    return lines
+
+
+def _update(f: ArmFacts, indent: str = "") -> list[str]:
+    if f.grad_scaler:
+        steps = ["scaler.scale(loss).backward()", "scaler.step(optimizer)", "scaler.update()"]
+    else:
+        steps = ["loss.backward()", "optimizer.step()"]
+    return [indent + s for s in [*steps, "optimizer.zero_grad(set_to_none=True)"]]
+
+
+def code(spec: str, step: str, device: str) -> str:
+    """Python that reproduces the variant outside kiln: every step the trial took (device move,
+    eval or train mode, no_grad, precision, layout, the first eager step) and the compile."""
+    v = parse_variant(spec)
+    f = arm_facts(v, step, device)
+    lines = ["import torch", "", *_setup(f)]
     scope = v.backend.scope
     args = _compile_args(v)
     if getattr(v.backend, "freezing", False):
         lines.insert(1, "import torch._inductor.config")
         lines.append("torch._inductor.config.freezing = True  # inference: weights as constants")
     autocast = (
-        f'torch.autocast("{dev}", dtype=torch.{"bfloat16" if v.precision == "bf16" else "float16"})'
-        if v.precision in ("bf16", "fp16")
+        f'torch.autocast("{f.device_type}", dtype=torch.{f.autocast_dtype})'
+        if f.autocast_dtype
         else None
     )
-    if name == "eager":
-        lines.append("run = model  # no compilation: it did not pay for itself here")
+    if f.grad_scaler:
+        lines.append(f'scaler = torch.amp.GradScaler("{f.device_type}")  # fp16 training')
+    if v.backend.name == "eager":
+        compiled = "run = model  # no compilation: it did not pay for itself here"
     elif scope == "regions":
-        lines += [
-            "# compile each repeated block once; every instance reuses the code",
-            "for block in blocks:  # e.g. model.bert.encoder.layer, or resnet's Bottlenecks",
-            f"    block.compile({args})",
-            "run = model",
-        ]
+        compiled = "\n".join(
+            [
+                "# compile each repeated block once; every instance reuses the code",
+                "for block in blocks:  # e.g. model.bert.encoder.layer, or resnet's Bottlenecks",
+                f"    block.compile({args})",
+                "run = model",
+            ]
+        )
     elif scope == "step":
-        lines.append(f"train_step = torch.compile(train_step{', ' + args if args else ''})")
+        compiled = f"train_step = torch.compile(train_step{', ' + args if args else ''})"
     else:
-        lines.append(f"run = torch.compile(model{', ' + args if args else ''})")
+        compiled = f"run = torch.compile(model{', ' + args if args else ''})"
     if step == "infer":
         lines += [
+            compiled,
             "",
             "with torch.no_grad():" if not autocast else f"with torch.no_grad(), {autocast}:",
             "    out = run(x)",
         ]
-    elif scope == "step":
+    elif f.whole_step:
         body = (
-            "    loss = loss_fn(model(x), y)"
+            ["    loss = loss_fn(model(x), y)"]
             if not autocast
-            else (f"    with {autocast}:\n        loss = loss_fn(model(x), y)")
+            else [f"    with {autocast}:", "        loss = loss_fn(model(x), y)"]
         )
-        lines = lines[:-1] + [
+        lines += [
             "",
             "def train_step(x, y):",
-            body,
-            "    loss.backward()",
-            "    optimizer.step()",
-            "    optimizer.zero_grad(set_to_none=True)",
+            *body,
+            *_update(f, "    "),
             "    return loss.detach()",
             "",
-            "# The first step eagerly: the optimizer makes its state (momentum buffers, moments)",
-            "# outside the compiled step, where CUDA graphs would overwrite it on the next replay.",
-            "train_step(x, y)",
-            lines[-1],
         ]
+        if f.eager_first_step:
+            lines += [
+                "# The first step eagerly: the optimizer makes its state (momentum buffers, "
+                "moments)",
+                "# outside the compiled step, where CUDA graphs would overwrite it on the next "
+                "replay.",
+                "train_step(x, y)",
+            ]
+        lines.append(compiled)
     else:
+        lines.append(compiled)
         if autocast:
             lines += ["", f"with {autocast}:", "    loss = loss_fn(run(x), y)"]
         else:
             lines += ["", "loss = loss_fn(run(x), y)"]
-        lines += ["loss.backward()", "optimizer.step()", "optimizer.zero_grad(set_to_none=True)"]
-    if v.precision == "fp16" and step == "train":
-        lines.append("# fp16 training: scale the loss with torch.amp.GradScaler")
+        lines += _update(f)
     return "\n".join(lines)
 
 
