@@ -133,8 +133,30 @@ def code(spec: str, step: str, device: str) -> str:
     return "\n".join(lines)
 
 
-def reasons(best: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
-    """One sentence of why per choice, with the measured numbers."""
+def _graphs_sentence(gb: dict[str, Any] | None) -> str:
+    """What CUDA graphs replay, from the graph-break evidence: one launch for the whole step
+    only where the model compiled to one graph with no break."""
+    gb = gb or {}
+    graphs, breaks = gb.get("graphs"), gb.get("breaks")
+    if graphs == 1 and breaks == 0:
+        return "CUDA graphs replay the whole step with one launch"
+    if graphs is None or breaks is None:
+        return (
+            "CUDA graphs replay each captured graph with one launch (how many graphs the step "
+            "makes was not measured)"
+        )
+    s = "" if breaks == 1 else "s"
+    return (
+        f"CUDA graphs replay each of the {graphs} captured graphs with one launch; the code "
+        f"between them, at the {breaks} graph break{s}, runs eagerly"
+    )
+
+
+def reasons(
+    best: dict[str, Any], baseline: dict[str, Any], graph_breaks: dict[str, Any] | None = None
+) -> list[str]:
+    """One sentence of why per choice, with the measured numbers. ``graph_breaks``: the tune's
+    graph-break evidence (breaks, graphs), which says what CUDA graphs can replay."""
     v = parse_variant(best["variant"])
     sp = best["speedup"]
     out = []
@@ -154,11 +176,11 @@ def reasons(best: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
     if mode in ("reduce-overhead", "max-autotune") or v.backend.name == "cudagraphs":
         k, bk = best.get("kernels_per_step"), best.get("baseline_kernels_per_step")
         extra = (
-            f" ({k:.0f} kernels per step replayed as one graph vs {bk:.0f} launches)"
+            f" ({k:.0f} kernels per step replayed, against {bk:.0f} launched one by one in eager)"
             if (k is not None and bk is not None)
             else ""
         )
-        out.append("CUDA graphs replay the whole step with one launch" + extra + ".")
+        out.append(_graphs_sentence(graph_breaks) + extra + ".")
     if v.backend.scope == "regions":
         out.append("Regional compilation compiles one repeated block and reuses it.")
     if v.backend.scope == "step":
