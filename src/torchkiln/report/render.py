@@ -8,7 +8,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from torchkiln.report import compare_xla, svg
+from torchkiln.report import compare_xla, evidence, svg
 from torchkiln.report.table import fmt_accuracy, fmt_memory, fmt_ms, fmt_speedup, fmt_tflops
 from torchkiln.tune.select import step_s
 
@@ -16,10 +16,8 @@ GIB = 1024**3
 
 
 def _md(text: Any) -> str:
-    """Text from user code or PyTorch inside a Markdown table cell."""
-    return (
-        str(text).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;").replace("\n", " ")
-    )
+    """Text from user code or PyTorch inside a Markdown table cell (code spans kept as code)."""
+    return evidence.md_inline(text, table=True)
 
 
 def trial_rows(doc: dict[str, Any]) -> list[dict[str, str]]:
@@ -65,8 +63,11 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
     ]
     if rec:
-        out += [f"**Pick: `{rec['variant']}`** — {_md(sel.get('reason', ''))}", ""]
-        out += [f"- {_md(w)}" for w in rec["why"]]
+        out += [
+            f"**Pick: `{rec['variant']}`** — {evidence.md_inline(sel.get('reason', ''))}",
+            "",
+        ]
+        out += [f"- {evidence.md_inline(w)}" for w in rec["why"]]
         out += ["", "```python", rec["code"], "```", ""]
     else:
         out += ["**No variant passed.**", ""]
@@ -101,75 +102,8 @@ def markdown(doc: dict[str, Any]) -> str:
         out += ["| " + " | ".join(heads) + " |", "|" + "--|" * len(heads)]
         out += ["| " + " | ".join(_md(r[h]) for h in heads) + " |" for r in versus]
         out.append("")
-    stages = doc.get("stages") or {}
-    prof = stages.get("profile") or {}
-    gb = stages.get("graph_breaks") or {}
-    out += ["## Evidence", ""]
-    out.append(f"- Profile verdict: {_md(prof.get('verdict') or prof.get('reason') or 'n/a')}")
-    out.append(
-        f"- Graph breaks: {gb.get('breaks')} (graphs: {gb.get('graphs')}, captured "
-        f"share: {gb.get('captured_share')})"
-    )
-    for b in gb.get("first_breaks") or []:
-        out.append(
-            f"  - {_md(b.get('file'))}:{b.get('line')} {_md(b.get('category'))}: "
-            f"{_md(b.get('fix'))}"
-        )
-    for r in (stages.get("search") or {}).get("refined") or []:
-        out.append(f"- Refined the leader `{r['leader']}`: tried `{r['spec']}` ({_md(r['why'])})")
-    skipped = (stages.get("search") or {}).get("skipped") or {}
-    for spec, why in skipped.items():
-        out.append(f"- Skipped `{spec}`: {_md(why)}")
-    for spec, why in ((stages.get("search") or {}).get("deferred") or {}).items():
-        if spec not in skipped:
-            out.append(f"- Deferred `{spec}` at its first turn, run at its second: {_md(why)}")
-    # Speedups from separate trials drift apart when eager is host-bound and a variant is not;
-    # the head-to-head trials (challenger against leader in one process) do not.
-    for v, h in (sel.get("head_to_head") or {}).items():
-        lo, hi = h["ci95"]
-        if not h["significant"]:
-            verdict = "no significant difference"
-        else:
-            verdict = "faster" if h["speedup_over_leader"] > 1 else "slower"
-        out.append(
-            f"- Head to head, one process: `{v}` against `{h['leader']}`: "
-            f"{h['speedup_over_leader']:.2f}x [{lo:.2f}, {hi:.2f}], {verdict}"
-        )
-    h2h_stage = stages.get("head_to_head") or {}
-    for v, why in (h2h_stage.get("skipped") or {}).items():
-        out.append(f"- Head to head skipped for `{v}`: {_md(why)}")
-    env_check = stages.get("environment") or {}
-    for p in env_check.get("problems") or []:
-        out.append(f"- Environment: {_md(p)}")
-    drift = doc.get("baseline_drift") or {}
-    if drift.get("warning"):
-        out.append(f"- Warning: {_md(drift['warning'])}")
-    waited = host_waits(doc)
-    if waited:
-        (longest, variant), total = max(waited), sum(w for w, _ in waited)
-        out.append(
-            f"- Trials waited {total:.0f} s in all for the host (side by side, trials take turns "
-            f"so that no reps are timed while a neighbour compiles); the longest wait, "
-            f"{longest:.0f} s, was `{variant}`'s"
-        )
-    # Each trial's notes (a busy host, a recompile during the timed reps, ...), once per text.
-    noted: dict[str, list[str]] = {}
-    for r in [*doc["trials"], *(doc.get("head_to_head_trials") or [])]:
-        for note in r.get("notes") or []:
-            noted.setdefault(note, [])
-            if r["variant"] not in noted[note]:
-                noted[note].append(r["variant"])
-    for note, variants in noted.items():
-        out.append(f"- Note ({', '.join(f'`{v}`' for v in variants)}): {_md(note)}")
+    out += ["## Evidence", "", *evidence.render_md(evidence.evidence_lines(doc))]
     return "\n".join(out) + "\n"
-
-
-def host_waits(doc: dict[str, Any]) -> list[tuple[float, str]]:
-    """(seconds, variant) of every trial that waited for its turn on the host (the `host_wait`
-    phase of trials run side by side, runner/host_lock.py), search and head-to-head alike."""
-    trials = [*doc["trials"], *(doc.get("head_to_head_trials") or [])]
-    waits = [((r.get("phase_s") or {}).get("host_wait") or 0.0, r["variant"]) for r in trials]
-    return [(w, v) for w, v in waits if w >= 0.5]
 
 
 CSS = """body{font:14px system-ui,sans-serif;margin:24px;max-width:1100px}
@@ -260,14 +194,14 @@ def html(doc: dict[str, Any]) -> str:
         if rec
         else "<p>No variant passed.</p>"
     )
-    evidence = escape(markdown(doc).split("## Evidence", 1)[-1])
+    found = evidence.render_html(evidence.evidence_lines(doc))
     return (
         "<!doctype html><html><head><meta charset='utf-8'>"
         f"<title>kiln tune {escape(doc['workload'])}</title><style>{CSS}</style></head><body>"
         f"<h1>kiln tune: {escape(doc['workload'])} ({escape(doc['step'])}, "
         f"{escape(doc['device'])})</h1>{pick}{table}"
         + "".join(f"<div>{c}</div>" for c in charts if c)
-        + f"<h2>Evidence</h2><pre>{evidence}</pre></body></html>"
+        + f"<h2>Evidence</h2>{found}</body></html>"
     )
 
 

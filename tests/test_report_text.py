@@ -1,0 +1,78 @@
+"""Every sentence the report prints is generated from the measurement it describes."""
+
+from __future__ import annotations
+
+from tests_helpers import synthetic_tune_doc
+from torchkiln.report.evidence import distinct_breaks, html_inline, md_inline
+from torchkiln.report.render import html, markdown
+from torchkiln.tune.limits import does_not_fit
+from torchkiln.tune.recommend import reasons
+
+
+def _best(variant):
+    return {
+        "variant": variant,
+        "speedup": {"median": 1.5, "ci95": [1.4, 1.6]},
+        "steady_ms": {"median": 2.0},
+        "baseline_ms": {"median": 3.0},
+        "first_call_s": 30.0,
+        "kernels_per_step": 40,
+        "baseline_kernels_per_step": 120,
+    }
+
+
+def test_cuda_graphs_replay_the_whole_step_in_one_launch_only_with_one_graph_and_no_break():
+    best, eager = _best("inductor:mode=reduce-overhead"), {}
+    one = " ".join(reasons(best, eager, {"breaks": 0, "graphs": 1}))
+    assert "CUDA graphs replay the whole step with one launch" in one
+    four = " ".join(reasons(best, eager, {"breaks": 4, "graphs": 3}))
+    assert "whole step" not in four and "one graph" not in four
+    assert "each of the 3 captured graphs with one launch" in four
+    assert "4 graph breaks" in four
+    unknown = " ".join(reasons(best, eager, {"status": "error", "breaks": None}))
+    assert "whole step" not in unknown and "not measured" in unknown
+
+
+def test_a_budget_skip_never_reads_a_negative_time_left():
+    assert "-28 s" not in does_not_fit(40, -28, "the report")
+    assert "estimated 40 s, 0 s left after the time kept for the report" in does_not_fit(
+        40, -28, "the report"
+    )
+    assert "12 s left" in does_not_fit(40, 12.2, "the report")
+
+
+def test_a_break_found_twice_at_one_line_is_listed_once_with_its_count():
+    doc = synthetic_tune_doc()
+    gb = doc["stages"]["graph_breaks"]
+    site = dict(gb["first_breaks"][0])
+    gb["first_breaks"] = [site, dict(site), {**site, "line": 30}]
+    md = markdown(doc)
+    assert md.count("model.py:12 ") == 1
+    assert "model.py:12 data-dependent control flow (found 2 times)" in md
+    assert md.count("model.py:30 ") == 1 and "model.py:30 data-dependent control flow:" in md
+    assert [b["count"] for b in distinct_breaks(gb["first_breaks"])] == [2, 1]
+
+
+def test_code_spans_keep_user_text_literal_and_the_captured_share_is_a_percentage():
+    doc = synthetic_tune_doc()
+    gb = doc["stages"]["graph_breaks"]
+    gb["captured_share"] = 0.8888888888888888
+    gb["first_breaks"][0]["fix"] = "replace `x.sum() > 0` by torch.where"
+    md = markdown(doc)
+    assert "`x.sum() > 0`" in md and "x.sum() &gt; 0" not in md
+    assert "captured share: 88.9%" in md and "0.888" not in md
+    # Outside a code span, user text still cannot become HTML.
+    assert md_inline("a <b> `<c>`") == "a &lt;b&gt; `<c>`"
+    assert html_inline("a <b> `<c>`") == "a &lt;b&gt; <code>&lt;c&gt;</code>"
+    page = html(doc)
+    assert "<code>x.sum() &gt; 0</code>" in page and "88.9%" in page
+
+
+def test_missing_evidence_reads_not_measured_with_the_reason():
+    doc = synthetic_tune_doc()
+    doc["stages"]["graph_breaks"] = {"status": "error", "reason": "RuntimeError: boom"}
+    doc["stages"]["profile"] = {}
+    md = markdown(doc)
+    assert "None" not in md.split("## Evidence", 1)[1]
+    assert "Graph breaks: not measured (RuntimeError: boom)" in md
+    assert "Profile verdict: not measured (the stage did not run)" in md
