@@ -357,14 +357,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from torchkiln.report.compare import run_compare
+    from torchkiln.report.compare import lines, run_compare
 
-    code, rows = run_compare(args.old, args.new, args.threshold)
-    for r in rows:
-        print(
-            f"{r['variant']:50s} {r['old_ms']:9.3f} -> {r['new_ms']:9.3f} ms "
-            f"({r['ratio']:.3f}x)  {r['verdict']}"
-        )
+    code, comparison = run_compare(args.old, args.new, args.threshold)
+    print("\n".join(lines(comparison)))
     return code
 
 

@@ -3,7 +3,6 @@ results.json; `kiln report DIR` re-renders them from the JSON alone."""
 
 from __future__ import annotations
 
-import json
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -233,10 +232,19 @@ def write_reports(doc: dict[str, Any], out: str | Path) -> None:
 
 def rerender(run_dir: str | Path) -> Path:
     """`kiln report DIR`: rebuild both reports from DIR/results.json."""
+    from torchkiln.report.load import BadResultFile, load_result
+
     path = Path(run_dir) / "results.json"
     if not path.exists():
-        from torchkiln.errors import KilnUserError
-
-        raise KilnUserError(f"{str(path)!r} does not exist: run `kiln tune --out DIR` first")
-    write_reports(json.loads(path.read_text()), run_dir)
+        raise BadResultFile(f"{str(path)!r} does not exist: run `kiln tune --out DIR` first")
+    doc = load_result(path)
+    try:
+        md, page = markdown(doc), html(doc)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        # A field the checks in report.load do not cover: still one line naming the file.
+        raise BadResultFile(
+            f"{str(path)!r}: not a readable kiln tune result ({type(exc).__name__}: {exc})"
+        ) from exc
+    (Path(run_dir) / "report.md").write_text(md)
+    (Path(run_dir) / "report.html").write_text(page)
     return Path(run_dir)
