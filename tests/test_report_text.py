@@ -76,3 +76,36 @@ def test_missing_evidence_reads_not_measured_with_the_reason():
     assert "None" not in md.split("## Evidence", 1)[1]
     assert "Graph breaks: not measured (RuntimeError: boom)" in md
     assert "Profile verdict: not measured (the stage did not run)" in md
+
+
+def test_the_html_page_has_the_environment_line_and_evidence_as_html():
+    doc = synthetic_tune_doc()
+    page = html(doc)
+    assert "x86_64 · torch 2.x · triton None · kiln abc · budget 300 s, used 100 s" in page
+    assert "<h2>Evidence</h2><ul" in page and "<pre>- " not in page
+    assert "<code>inductor:mode=max-autotune</code>" in page  # a code span, not backticks
+
+
+def test_without_matplotlib_the_page_draws_simpler_charts_and_names_the_extra(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name)
+    )
+    page = html(synthetic_tune_doc())
+    assert "pip install &#x27;torchkiln[report]&#x27;" in page
+    assert page.count("<svg") >= 4
+
+
+def test_with_matplotlib_the_charts_have_ticks_and_unique_clip_paths():
+    import re
+
+    import pytest
+
+    pytest.importorskip("matplotlib")
+    page = html(synthetic_tune_doc())
+    assert "torchkiln[report]" not in page
+    assert page.count('id="xtick_1"') >= 4  # matplotlib's tick marks, on every chart
+    clips = re.findall(r'<clipPath id="([^"]+)"', page)
+    assert clips and len(clips) == len(set(clips))  # inline charts never share a clip path

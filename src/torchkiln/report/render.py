@@ -48,17 +48,24 @@ def trial_rows(doc: dict[str, Any]) -> list[dict[str, str]]:
     return rows
 
 
+def environment_line(doc: dict[str, Any]) -> str:
+    """Where and with what the tune ran, and its budget: the head of both reports."""
+    env = doc.get("environment") or {}
+    gpu = (env.get("gpu") or {}).get("name") or env.get("cpu")
+    return (
+        f"{gpu} · torch {env.get('torch')} · triton {env.get('triton')} · kiln "
+        f"{env.get('kiln_git_sha', '?')} · budget {doc['budget_s']:.0f} s, used "
+        f"{doc['wall_s']:.0f} s"
+    )
+
+
 def markdown(doc: dict[str, Any]) -> str:
     sel = doc.get("selection") or {}
     rec = doc.get("recommendation")
-    env = doc.get("environment") or {}
-    gpu = (env.get("gpu") or {}).get("name") or env.get("cpu")
     out = [
         f"# kiln tune: {_md(doc['workload'])} ({doc['step']}, {doc['device']})",
         "",
-        f"{_md(gpu)} · torch {env.get('torch')} · triton {env.get('triton')} · kiln "
-        f"{env.get('kiln_git_sha', '?')} · budget {doc['budget_s']:.0f} s, used "
-        f"{doc['wall_s']:.0f} s",
+        evidence.md_inline(environment_line(doc)),
         "",
     ]
     if rec:
@@ -107,23 +114,41 @@ def markdown(doc: dict[str, Any]) -> str:
 
 CSS = """body{font:14px system-ui,sans-serif;margin:24px;max-width:1100px}
 table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 6px;font-size:12px}
-pre{background:#f4f4f4;padding:10px}svg text{font:11px sans-serif}.t{font-weight:bold}
+pre{background:#f4f4f4;padding:10px;overflow-x:auto}.env{color:#555}.note{color:#a60}
+ul.ev code{background:#f4f4f4;padding:0 2px}.chart{margin:12px 0}
+svg text{font:11px sans-serif}.t{font-weight:bold}
 .b{fill:#4a7ab7}.w{stroke:#111;stroke-width:2}.a{stroke:#555}.p{fill:#c0392b}
 .l0{stroke:#4a7ab7}.l1{stroke:#c0392b}.l2{stroke:#27ae60}.l3{stroke:#8e44ad}.l4{stroke:#d35400}
 .l5{stroke:#7f8c8d}polyline{stroke-width:2}"""
+
+
+def chart_engine() -> tuple[Any, str | None]:
+    """matplotlib's charts (report/charts.py) when it is installed, else the hand-drawn ones
+    (report/svg.py) and a note naming the extra that gives the others."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is not None:
+        from torchkiln.report import charts
+
+        return charts, None
+    return svg, (
+        "Charts drawn without matplotlib (no tick marks, labels may crowd): "
+        "pip install 'torchkiln[report]' for the full charts."
+    )
 
 
 def html(doc: dict[str, Any]) -> str:
     ok = [r for r in doc["trials"] if r["status"] in ("ok", "accuracy_fail")]
     sel = doc.get("selection") or {}
     rec = doc.get("recommendation")
+    draw, note = chart_engine()
     charts = [
-        svg.hbars(
+        draw.hbars(
             "Step time per variant (median, 95% interval)",
             [(r["variant"], r["steady_ms"]["median"], tuple(r["steady_ms"]["ci95"])) for r in ok],
             "ms",
         ),
-        svg.scatter(
+        draw.scatter(
             "Compile time against speedup",
             [(r["variant"], r["first_call_s"], r["speedup"]["median"]) for r in ok],
             "first call (compile) s",
@@ -135,7 +160,7 @@ def html(doc: dict[str, Any]) -> str:
     if eager is not None:
         # Step times on the eager trial's clock, from each paired speedup (see select.step_s).
         charts.append(
-            svg.lines(
+            draw.lines(
                 "Cumulative time against steps (break-even where lines cross)",
                 [
                     (
@@ -162,7 +187,7 @@ def html(doc: dict[str, Any]) -> str:
         for r in ok
     ]
     charts.append(
-        svg.hbars(
+        draw.hbars(
             "Peak memory (reserved on CUDA, RSS on CPU)",
             [(v, b / GIB, None) for v, b in mem],
             "GiB",
@@ -174,7 +199,7 @@ def html(doc: dict[str, Any]) -> str:
         if r.get("kernels_per_step") is not None
     ]
     if kern:
-        charts.append(svg.hbars("Kernels per step", kern, ""))
+        charts.append(draw.hbars("Kernels per step", kern, ""))
     rows = trial_rows(doc)
     table = ""
     if rows:
@@ -198,8 +223,10 @@ def html(doc: dict[str, Any]) -> str:
         "<!doctype html><html><head><meta charset='utf-8'>"
         f"<title>kiln tune {escape(doc['workload'])}</title><style>{CSS}</style></head><body>"
         f"<h1>kiln tune: {escape(doc['workload'])} ({escape(doc['step'])}, "
-        f"{escape(doc['device'])})</h1>{pick}{table}"
-        + "".join(f"<div>{c}</div>" for c in charts if c)
+        f"{escape(doc['device'])})</h1><p class='env'>{escape(environment_line(doc))}</p>"
+        f"{pick}{table}"
+        + (f"<p class='note'>{escape(note)}</p>" if note else "")
+        + "".join(f"<div class='chart'>{c}</div>" for c in charts if c)
         + f"<h2>Evidence</h2>{found}</body></html>"
     )
 
