@@ -335,16 +335,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
         spec_overrides={"reps": args.reps} if args.reps else None,
     )
     progress.flush()  # deferrals after the last stage
-    sel = doc["selection"]
-    rec = doc.get("recommendation")
-    print(f"pick: {sel['best']}  ({sel['reason']})")
-    if rec:
-        print("\n".join(f"  - {w}" for w in rec["why"]))
-        print("\n" + rec["code"] + "\n")
-    print(
-        f"report: {out}/report.html, {out}/report.md, {out}/results.json "
-        f"({doc['wall_s']:.0f} s of a {doc['budget_s']:.0f} s budget)"
-    )
+    from torchkiln.tune.recommend import summary_lines
+
+    print("\n".join(summary_lines(doc, out)))
     return 0
 
 

@@ -201,6 +201,22 @@ def reasons(
     return out
 
 
+def summary_lines(doc: dict[str, Any], out: str) -> list[str]:
+    """What `kiln tune` prints when it ends: the pick and why, its code, where the report is.
+    README's example output is this, from a real run (benchmarks/readme_example.py)."""
+    sel = doc["selection"]
+    rec = doc.get("recommendation")
+    lines = [f"pick: {sel['best']}  ({sel['reason']})"]
+    if rec:
+        lines += [f"  - {w}" for w in rec["why"]]
+        lines += ["", rec["code"], ""]
+    lines.append(
+        f"report: {out}/report.html, {out}/report.md, {out}/results.json "
+        f"({doc['wall_s']:.0f} s of a {doc['budget_s']:.0f} s budget)"
+    )
+    return lines
+
+
 class _Tuned:
     """Callable module: the model with the chosen variant applied (autocast and flags inside)."""
 
