@@ -18,6 +18,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -78,11 +79,12 @@ def render_block(output: str, took_s: float) -> str:
 
     minutes, seconds = divmod(round(took_s), 60)
     cores = os.cpu_count()
-    return (
-        f"\nOn this repository's CPU machine ({cores} cores, {platform.machine()}, torch "
+    sentence = (
+        f"On this repository's CPU machine ({cores} cores, {platform.machine()}, torch "
         f"{torch.__version__}, the `tiny` preset: batch 4 at 32x32; kiln {kiln_sha()}) the "
-        f"command above took {minutes} min {seconds:02d} s and printed:\n\n```\n{output}\n```\n"
+        f"command above took {minutes} min {seconds:02d} s and printed:"
     )
+    return f"\n{textwrap.fill(sentence, 100)}\n\n```\n{output}\n```\n"
 
 
 def main() -> int:
