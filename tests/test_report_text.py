@@ -109,3 +109,10 @@ def test_with_matplotlib_the_charts_have_ticks_and_unique_clip_paths():
     assert page.count('id="xtick_1"') >= 4  # matplotlib's tick marks, on every chart
     clips = re.findall(r'<clipPath id="([^"]+)"', page)
     assert clips and len(clips) == len(set(clips))  # inline charts never share a clip path
+
+
+def test_the_tie_list_shows_in_both_reports():
+    doc = synthetic_tune_doc()
+    doc["selection"]["tied"] = ["inductor", "eager"]
+    assert "Tied (overlapping intervals): `inductor`, `eager`" in markdown(doc)
+    assert "Tied (overlapping intervals): <code>inductor</code>, <code>eager</code>" in html(doc)

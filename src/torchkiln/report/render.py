@@ -59,6 +59,31 @@ def environment_line(doc: dict[str, Any]) -> str:
     )
 
 
+def pick_notes(doc: dict[str, Any]) -> list[str]:
+    """The lines under the pick: what it tied with, and the best numerics-changing variant."""
+    sel = doc.get("selection") or {}
+    out = []
+    if sel.get("tied"):
+        how = (
+            "no significant difference head to head"
+            if sel.get("head_to_head")
+            else ("overlapping intervals")
+        )
+        out.append(f"Tied ({how}): {', '.join(evidence.code(t) for t in sel['tied'])}")
+    opp = sel.get("best_numerics_changing")
+    # When the pick is that variant, its own bullet above already gives its error.
+    if opp and opp["variant"] != sel.get("best"):
+        allowed = ", ".join(doc.get("allow_precision") or []) or "none"
+        out.append(
+            f"Opportunity: the best numerics-changing variant, {evidence.code(opp['variant'])}, "
+            f"gave {opp['speedup']:.2f}x with its error at "
+            f"{opp['worst_error_over_threshold'] or 0:.2f} of the allowed limit "
+            f"({'passed' if opp['passed'] else 'failed'} the check; allowed precisions: "
+            f"{allowed})."
+        )
+    return out
+
+
 def markdown(doc: dict[str, Any]) -> str:
     sel = doc.get("selection") or {}
     rec = doc.get("recommendation")
@@ -77,24 +102,7 @@ def markdown(doc: dict[str, Any]) -> str:
         out += ["", "```python", rec["code"], "```", ""]
     else:
         out += ["**No variant passed.**", ""]
-    if sel.get("tied"):
-        how = (
-            "no significant difference head to head"
-            if sel.get("head_to_head")
-            else ("overlapping intervals")
-        )
-        out += [f"Tied ({how}): {', '.join(f'`{t}`' for t in sel['tied'])}", ""]
-    opp = sel.get("best_numerics_changing")
-    # When the pick is that variant, its own bullet above already gives its error.
-    if opp and opp["variant"] != sel.get("best"):
-        allowed = ", ".join(doc.get("allow_precision") or []) or "none"
-        out += [
-            f"Opportunity: the best numerics-changing variant, `{opp['variant']}`, gave "
-            f"{opp['speedup']:.2f}x with its error at {opp['worst_error_over_threshold'] or 0:.2f}"
-            f" of the allowed limit ({'passed' if opp['passed'] else 'failed'} the check; "
-            f"allowed precisions: {allowed}).",
-            "",
-        ]
+    out += [line for note in pick_notes(doc) for line in (evidence.md_inline(note), "")]
     rows = trial_rows(doc)
     if rows:
         heads = list(rows[0])
@@ -217,7 +225,7 @@ def html(doc: dict[str, Any]) -> str:
         )
         if rec
         else "<p>No variant passed.</p>"
-    )
+    ) + "".join(f"<p>{evidence.html_inline(n)}</p>" for n in pick_notes(doc))
     found = evidence.render_html(evidence.evidence_lines(doc))
     return (
         "<!doctype html><html><head><meta charset='utf-8'>"
