@@ -116,3 +116,15 @@ def test_the_tie_list_shows_in_both_reports():
     doc["selection"]["tied"] = ["inductor", "eager"]
     assert "Tied (overlapping intervals): `inductor`, `eager`" in markdown(doc)
     assert "Tied (overlapping intervals): <code>inductor</code>, <code>eager</code>" in html(doc)
+
+
+def test_the_hand_drawn_bars_make_room_for_long_variant_names():
+    import re
+
+    from torchkiln.report import svg
+
+    name = "inductor:mode=reduce-overhead,fullgraph=true,dynamic=false,freezing=true+bf16"
+    chart = svg.hbars("t", [(name, 1.0, None), ("eager", 2.0, None)], "ms")
+    label_x = float(re.search(r'<text x="([\d.]+)" y="\d+" text-anchor="end">', chart)[1])
+    assert label_x >= 6.5 * len(name)  # right-aligned at x: the whole name fits left of it
+    assert f'width="{int(6.5 * len(name)) + 12 + 460}"' in chart
