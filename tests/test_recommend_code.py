@@ -110,3 +110,17 @@ def test_the_emitted_training_code_runs_one_training_step():
     exec(code("eager", "train", "cpu"), scope)
     assert scope["model"].training is True
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_apply_of_an_inference_pick_runs_in_eval_mode_under_no_grad():
+    from torchkiln.tune.recommend import apply
+
+    model = _model()
+    x = torch.randn(4, 8)
+    fast = apply(model, "eager", "cpu", step="infer")
+    out = fast(x)
+    assert model.training is False and not out.requires_grad
+    with torch.no_grad():
+        torch.testing.assert_close(out, _model().eval()(x))
+    train = apply(_model(), "eager", "cpu", step="train")
+    assert train.model.training is True and train(x).requires_grad

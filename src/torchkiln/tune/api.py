@@ -76,10 +76,11 @@ class TuneResult:
         )
 
     def apply(self, model: Any) -> Any:
-        """The model with the chosen variant applied, ready to call."""
+        """The model with the chosen variant applied, ready to call, in the mode the trials
+        measured (an inference tune: eval mode, calls under no_grad)."""
         if self.best is None:
             raise KilnUserError("no variant passed, so there is nothing to apply")
-        return recommend.apply(model, self.best, self.doc["device"])
+        return recommend.apply(model, self.best, self.doc["device"], self.doc.get("step"))
 
 
 def _factory_spec(factory: Any) -> str | None:

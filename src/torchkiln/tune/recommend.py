@@ -218,14 +218,21 @@ def summary_lines(doc: dict[str, Any], out: str) -> list[str]:
 
 
 class _Tuned:
-    """Callable module: the model with the chosen variant applied (autocast and flags inside)."""
+    """Callable module: the model with the chosen variant applied, taking the trial's steps
+    (runner.arm_facts): inference in eval mode under no_grad, autocast and flags inside."""
 
-    def __init__(self, model: Any, spec: str, device: str) -> None:
+    def __init__(self, model: Any, spec: str, device: str, step: str | None = None) -> None:
+        import contextlib
+
         import torch
 
         from torchkiln.runner.settings import autocast, precision_flags
 
         v = parse_variant(spec)
+        facts = arm_facts(v, step, device) if step else None
+        if facts is not None:
+            # Before compiling: the compiled code specialises on the mode (dropout, batch norm).
+            model.train(not facts.eval_mode)
         if v.channels_last:
             model = model.to(memory_format=torch.channels_last)
         self.model = model
@@ -233,6 +240,7 @@ class _Tuned:
         self.device = device
         self._autocast = lambda: autocast(device, v.precision)
         self._flags = lambda: precision_flags(v.precision)
+        self._grad = torch.no_grad if facts and facts.no_grad else contextlib.nullcontext
         backend = v.backend
         if backend.scope == "step":
             # The step is the caller's code; here the model alone is compiled.
@@ -241,11 +249,13 @@ class _Tuned:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.variant.backend.before_step()
-        with self._flags(), self._autocast():
+        with self._grad(), self._flags(), self._autocast():
             return self._run(*args, **kwargs)
 
 
-def apply(model: Any, spec: str, device: str = "cuda") -> Any:
-    """The model with ``spec`` applied, ready to call like the model. A whole-step variant is
-    applied to the model alone here (the step is the caller's code: see the recommendation)."""
-    return _Tuned(model, spec, device)
+def apply(model: Any, spec: str, device: str = "cuda", step: str | None = None) -> Any:
+    """The model with ``spec`` applied, ready to call like the model. With ``step`` (the tune's
+    "infer" or "train"), the model is put in the mode the trial measured, and an inference call
+    runs under no_grad as the trial's did. A whole-step variant is applied to the model alone
+    here (the step is the caller's code: see the recommendation)."""
+    return _Tuned(model, spec, device, step)
