@@ -128,3 +128,19 @@ def test_the_hand_drawn_bars_make_room_for_long_variant_names():
     label_x = float(re.search(r'<text x="([\d.]+)" y="\d+" text-anchor="end">', chart)[1])
     assert label_x >= 6.5 * len(name)  # right-aligned at x: the whole name fits left of it
     assert f'width="{int(6.5 * len(name)) + 12 + 460}"' in chart
+
+
+def test_the_tune_console_never_prints_a_negative_time_left():
+    import io
+
+    from rich.console import Console
+
+    from torchkiln.cli import _TuneProgress
+
+    buf = io.StringIO()
+    progress = _TuneProgress(Console(file=buf, width=200))
+    progress.stage("report", "writing", -28.4)
+    progress.trial_phase("inductor", "measure", -3.0)
+    text = buf.getvalue()
+    assert "-28" not in text and "-3 s" not in text
+    assert "past the budget by 28 s" in text and "past the budget by 3 s" in text
