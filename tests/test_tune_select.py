@@ -558,3 +558,15 @@ def test_the_tie_list_leaves_out_variants_significantly_slower_than_eager_or_the
     assert sel.best["variant"] == pick["variant"]
     assert set(sel.tied) == {top["variant"], pick["variant"]}
     assert "tie: 2 variants" in sel.reason
+
+
+def test_eager_as_the_pick_is_not_called_faster_than_itself():
+    noisy_eager = trial("eager", 10.0, (9.9, 10.1), 1.06, (1.02, 1.2), 0.2)
+    failed = trial("inductor", 0, (0, 0), 0, (0, 0), 0, status="timeout")
+    sel = select([noisy_eager, failed], baseline=noisy_eager)
+    assert sel.best["variant"] == "eager"
+    assert "over eager" not in sel.reason
+    assert sel.reason == "the only variant that finished and passed the check (1 did not)"
+    slower = trial("inductor:mode=max-autotune", 20.0, (19.8, 20.2), 0.5, (0.49, 0.51), 30)
+    sel = select([noisy_eager, slower], baseline=noisy_eager)
+    assert sel.reason.startswith("no compiled variant was faster: 1 other passed, slower")

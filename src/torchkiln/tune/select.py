@@ -271,6 +271,17 @@ def select(
     if not tied:
         sel.best = top
         runner = ranked[1]["variant"] if len(ranked) > 1 else None
+        if top["variant"] == baseline["variant"]:
+            # The baseline against itself measures only noise: "1.06x over eager" said nothing.
+            sel.reason = (
+                f"no compiled variant was faster: {len(ranked) - 1} other"
+                f"{'s' if len(ranked) > 2 else ''} passed, slower than {top['variant']} with an "
+                "interval clear of it"
+                if runner
+                else f"the only variant that finished and passed the check ({len(rejected)} "
+                "did not)"
+            )
+            return sel
         sel.reason = f"fastest, {top['speedup']['median']:.2f}x over eager" + (
             f", with an interval clear of the runner-up ({runner})" if runner else ""
         )
