@@ -42,12 +42,15 @@ def example_output(text: str) -> str:
     return found[1]
 
 
-def run_readme_command() -> tuple[str, float]:
+def run_readme_command() -> tuple[str, float, float]:
+    """What the command printed, how long it took, and the host's highest 1-minute load
+    average seen (at its start and end): on a busy host compiled trials can run out of time."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     src = str(ROOT / "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     with tempfile.TemporaryDirectory(prefix="kiln-readme-") as cwd:
         t0 = time.monotonic()
+        load = os.getloadavg()[0]
         proc = subprocess.run(
             [sys.executable, "-m", "torchkiln.cli", "tune"],
             cwd=cwd,
@@ -57,9 +60,10 @@ def run_readme_command() -> tuple[str, float]:
             timeout=900,
         )
         took = time.monotonic() - t0
+        load = max(load, os.getloadavg()[0])
     if proc.returncode != 0:
         raise SystemExit(f"kiln tune failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return proc.stdout.rstrip("\n"), took
+    return proc.stdout.rstrip("\n"), took, load
 
 
 def kiln_sha() -> str:
@@ -74,7 +78,7 @@ def kiln_sha() -> str:
         return "unknown"
 
 
-def render_block(output: str, took_s: float) -> str:
+def render_block(output: str, took_s: float, load: float) -> str:
     import torch
 
     minutes, seconds = divmod(round(took_s), 60)
@@ -82,7 +86,8 @@ def render_block(output: str, took_s: float) -> str:
     sentence = (
         f"On this repository's CPU machine ({cores} cores, {platform.machine()}, torch "
         f"{torch.__version__}, the `tiny` preset: batch 4 at 32x32; kiln {kiln_sha()}) the "
-        f"command above took {minutes} min {seconds:02d} s and printed:"
+        f"command above, at a load average of {load:.1f} on its {cores} cores, took {minutes} min "
+        f"{seconds:02d} s and printed:"
     )
     return f"\n{textwrap.fill(sentence, 100)}\n\n```\n{output}\n```\n"
 
@@ -90,9 +95,10 @@ def render_block(output: str, took_s: float) -> str:
 def main() -> int:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     text = README.read_text()
-    output, took = run_readme_command()
+    output, took, load = run_readme_command()
     old = block(text)
-    README.write_text(text.replace(START + old + END, START + render_block(output, took) + END))
+    new = START + render_block(output, took, load) + END
+    README.write_text(text.replace(START + old + END, new))
     print(f"README.md: example output rewritten ({took:.0f} s run)")
     return 0
 

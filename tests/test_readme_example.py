@@ -75,11 +75,12 @@ def test_the_script_rewrites_only_the_marked_block(tmp_path, monkeypatch):
     readme = tmp_path / "README.md"
     readme.write_text(f"before\n{script.START}\nold\n{script.END}\nafter\n")
     monkeypatch.setattr(script, "README", readme)
-    monkeypatch.setattr(script, "run_readme_command", lambda: ("pick: eager  (x)", 75.0))
+    monkeypatch.setattr(script, "run_readme_command", lambda: ("pick: eager  (x)", 75.0, 1.5))
     monkeypatch.setattr(script, "kiln_sha", lambda: "abc1234")
     monkeypatch.setattr("sys.argv", ["readme_example.py"])
     assert script.main() == 0
     text = readme.read_text()
     assert text.startswith("before\n") and text.endswith(f"{script.END}\nafter\n")
-    assert "kiln abc1234) the command above took 1 min 15 s" in text
+    assert "kiln abc1234) the command above, at a load average of 1.5" in text.replace("\n", " ")
+    assert "took 1 min 15 s" in text.replace("\n", " ")
     assert script.example_output(text) == "pick: eager  (x)"
