@@ -33,6 +33,15 @@ def test_cuda_graphs_replay_the_whole_step_in_one_launch_only_with_one_graph_and
     assert "whole step" not in unknown and "not measured" in unknown
 
 
+def test_eager_kept_because_nothing_else_finished_says_so():
+    eager = _best("eager")
+    alone = " ".join(reasons(eager, eager, None, others_passed=0))
+    assert "no compiled variant finished and passed the check" in alone
+    assert "faster" not in alone
+    beaten = " ".join(reasons(eager, eager, None, others_passed=3))
+    assert "no compiled variant was faster" in beaten
+
+
 def test_a_budget_skip_never_reads_a_negative_time_left():
     assert "-28 s" not in does_not_fit(40, -28, "the report")
     assert "estimated 40 s, 0 s left after the time kept for the report" in does_not_fit(

@@ -385,7 +385,9 @@ def tune(
         else {
             "variant": best["variant"],
             "code": recommend.code(best["variant"], step, device),
-            "why": recommend.reasons(best, eager, stages.get("graph_breaks")),
+            "why": recommend.reasons(
+                best, eager, stages.get("graph_breaks"), len(selection.ranking) - 1
+            ),
         },
         "trials": results,
         "head_to_head_trials": h2h,

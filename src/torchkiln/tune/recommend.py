@@ -153,18 +153,28 @@ def _graphs_sentence(gb: dict[str, Any] | None) -> str:
 
 
 def reasons(
-    best: dict[str, Any], baseline: dict[str, Any], graph_breaks: dict[str, Any] | None = None
+    best: dict[str, Any],
+    baseline: dict[str, Any],
+    graph_breaks: dict[str, Any] | None = None,
+    others_passed: int | None = None,
 ) -> list[str]:
     """One sentence of why per choice, with the measured numbers. ``graph_breaks``: the tune's
-    graph-break evidence (breaks, graphs), which says what CUDA graphs can replay."""
+    graph-break evidence (breaks, graphs), which says what CUDA graphs can replay;
+    ``others_passed``: how many variants besides the pick passed (None: not known)."""
     v = parse_variant(best["variant"])
     sp = best["speedup"]
     out = []
     if v.backend.name == "eager":
-        out.append(
-            "Stay in eager: no compiled variant was faster with an interval clear of eager's "
-            "at a lower total cost."
-        )
+        if others_passed == 0:
+            out.append(
+                "Stay in eager: no compiled variant finished and passed the check (the report "
+                "gives each one's status and reason)."
+            )
+        else:
+            out.append(
+                "Stay in eager: no compiled variant was faster with an interval clear of "
+                "eager's at a lower total cost."
+            )
         return out
     out.append(
         f"{v.backend.name} ({_compile_args(v) or 'default settings'}): "

@@ -278,8 +278,7 @@ def select(
                 f"{'s' if len(ranked) > 2 else ''} passed, slower than {top['variant']} with an "
                 "interval clear of it"
                 if runner
-                else f"the only variant that finished and passed the check ({len(rejected)} "
-                "did not)"
+                else f"the only variant that finished and passed the check; {len(rejected)} did not"
             )
             return sel
         sel.reason = f"fastest, {top['speedup']['median']:.2f}x over eager" + (
