@@ -567,6 +567,7 @@ def test_eager_as_the_pick_is_not_called_faster_than_itself():
     assert sel.best["variant"] == "eager"
     assert "over eager" not in sel.reason
     assert sel.reason == "the only variant that finished and passed the check; 1 did not"
+    assert select([noisy_eager], baseline=noisy_eager).reason == "the only variant measured"
     slower = trial("inductor:mode=max-autotune", 20.0, (19.8, 20.2), 0.5, (0.49, 0.51), 30)
     sel = select([noisy_eager, slower], baseline=noisy_eager)
     assert sel.reason.startswith("no compiled variant was faster: 1 other passed, slower")

@@ -53,7 +53,9 @@ class TuneResult:
         best = next((t for t in d.get("trials") or [] if t.get("variant") == self.best), None)
         if best is None:
             return f"{head}: no variant passed, {trials} trials"
-        sp = best.get("speedup") or {}
+        baseline = (d.get("trials") or [{}])[0].get("variant")
+        # The baseline's speedup over itself is noise, not a gain.
+        sp = (best.get("speedup") or {}) if self.best != baseline else {}
         gain = (
             f" {sp['median']:.2f}x [{sp['ci95'][0]:.2f}, {sp['ci95'][1]:.2f}] over eager"
             if sp.get("median") and sp.get("ci95")

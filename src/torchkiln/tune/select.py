@@ -278,7 +278,11 @@ def select(
                 f"{'s' if len(ranked) > 2 else ''} passed, slower than {top['variant']} with an "
                 "interval clear of it"
                 if runner
-                else f"the only variant that finished and passed the check; {len(rejected)} did not"
+                else (
+                    f"the only variant that finished and passed the check; {len(rejected)} did not"
+                    if rejected
+                    else "the only variant measured"
+                )
             )
             return sel
         sel.reason = f"fastest, {top['speedup']['median']:.2f}x over eager" + (
