@@ -539,3 +539,35 @@ def test_refinements_wait_for_the_cheap_modes_at_the_lead_precision():
     pending.clear()
     refine([EAGER, default_bf16], EAGER, ev, pending, search, next_index=9)
     assert [c.spec for _, c in pending] == [primary[0] + "+channels_last"]
+
+
+def test_the_tie_list_leaves_out_variants_significantly_slower_than_eager_or_the_pick():
+    # A wide interval at the top overlaps everything, a variant at 0.60x [0.31, 0.64] included.
+    wide = trial("inductor", 8.0, (5.0, 18.0), 1.2, (0.55, 1.9), 20)
+    slow = trial("inductor:mode=max-autotune", 16.0, (15.0, 30.0), 0.60, (0.31, 0.64), 90)
+    sel = select([EAGER, wide, slow], baseline=EAGER)
+    assert sel.best["variant"] == "eager"  # the cheapest of the tie
+    assert slow["variant"] not in sel.tied
+    assert set(sel.tied) == {"eager", "inductor"}
+    assert "tie: 2 variants" in sel.reason
+    # Tied with the top but significantly slower than the cheaper pick: no tie either.
+    pick = trial("inductor:scope=regions", 5.0, (4.9, 5.1), 2.0, (1.9, 2.1), 5)
+    top = trial("inductor:fullgraph=true", 4.0, (2.0, 8.0), 2.5, (1.2, 4.0), 30)
+    under = trial("inductor:dynamic=false", 7.0, (6.5, 7.5), 1.4, (1.3, 1.5), 40)
+    sel = select([EAGER, top, pick, under], baseline=EAGER)
+    assert sel.best["variant"] == pick["variant"]
+    assert set(sel.tied) == {top["variant"], pick["variant"]}
+    assert "tie: 2 variants" in sel.reason
+
+
+def test_eager_as_the_pick_is_not_called_faster_than_itself():
+    noisy_eager = trial("eager", 10.0, (9.9, 10.1), 1.06, (1.02, 1.2), 0.2)
+    failed = trial("inductor", 0, (0, 0), 0, (0, 0), 0, status="timeout")
+    sel = select([noisy_eager, failed], baseline=noisy_eager)
+    assert sel.best["variant"] == "eager"
+    assert "over eager" not in sel.reason
+    assert sel.reason == "the only variant that finished and passed the check; 1 did not"
+    assert select([noisy_eager], baseline=noisy_eager).reason == "the only variant measured"
+    slower = trial("inductor:mode=max-autotune", 20.0, (19.8, 20.2), 0.5, (0.49, 0.51), 30)
+    sel = select([noisy_eager, slower], baseline=noisy_eager)
+    assert sel.reason.startswith("no compiled variant was faster: 1 other passed, slower")

@@ -256,7 +256,8 @@ class _TuneProgress:
 
     def stage(self, name, detail, seconds_left) -> None:
         self.flush()
-        self.console.print(f"[bold]{name}[/bold] {detail}  [dim]({seconds_left:.0f} s left)[/dim]")
+        left = _left(seconds_left)
+        self.console.print(f"[bold]{name}[/bold] {detail}  [dim]({left})[/dim]")
 
     def trial_phase(self, spec, phase, seconds_left) -> None:
         # A pooled trial's wait for its turn on the host shows as "<phase> (waiting for ...)".
@@ -264,7 +265,7 @@ class _TuneProgress:
             return
         self.flush()
         label = {"first_call": "compiling (first call)", "measure": "measuring"}.get(phase, phase)
-        self.console.print(f"  [dim]{spec}: {label} ({seconds_left:.0f} s left)[/dim]")
+        self.console.print(f"  [dim]{spec}: {label} ({_left(seconds_left)})[/dim]")
 
     def trial_done(self, result, seconds_left) -> None:
         self.flush()
@@ -289,6 +290,13 @@ class _TuneProgress:
     def deferred(self, spec, why) -> None:
         self._deferred.add(spec)
         self._held["deferred"].append((spec, *_estimate_of(why)))
+
+
+def _left(seconds: float) -> str:
+    """The budget left, never negative: past the budget the final stages use their reserve."""
+    if seconds > -0.5:
+        return f"{max(0.0, seconds):.0f} s left"
+    return f"past the budget by {-seconds:.0f} s"
 
 
 def _estimate_of(why: str) -> tuple[str, str]:
@@ -335,16 +343,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
         spec_overrides={"reps": args.reps} if args.reps else None,
     )
     progress.flush()  # deferrals after the last stage
-    sel = doc["selection"]
-    rec = doc.get("recommendation")
-    print(f"pick: {sel['best']}  ({sel['reason']})")
-    if rec:
-        print("\n".join(f"  - {w}" for w in rec["why"]))
-        print("\n" + rec["code"] + "\n")
-    print(
-        f"report: {out}/report.html, {out}/report.md, {out}/results.json "
-        f"({doc['wall_s']:.0f} s of a {doc['budget_s']:.0f} s budget)"
-    )
+    from torchkiln.tune.recommend import summary_lines
+
+    print("\n".join(summary_lines(doc, out)))
     return 0
 
 
@@ -357,14 +358,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from torchkiln.report.compare import run_compare
+    from torchkiln.report.compare import lines, run_compare
 
-    code, rows = run_compare(args.old, args.new, args.threshold)
-    for r in rows:
-        print(
-            f"{r['variant']:50s} {r['old_ms']:9.3f} -> {r['new_ms']:9.3f} ms "
-            f"({r['ratio']:.3f}x)  {r['verdict']}"
-        )
+    code, comparison = run_compare(args.old, args.new, args.threshold)
+    print("\n".join(lines(comparison)))
     return code
 
 

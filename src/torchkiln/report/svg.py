@@ -17,21 +17,25 @@ def hbars(title: str, rows: list[tuple[str, float, tuple[float, float] | None]],
     if not rows:
         return ""
     top = max(max(v, (ci or (v, v))[1]) for _, v, ci in rows) or 1.0
-    scale = (W - LEFT - 80) / top
+    # Room for the longest label (about 6.5 px a character at 11 px), not a fixed 300 px that
+    # cut long variant specs; the bars keep their width beside it.
+    left = max(LEFT, int(6.5 * max(len(label) for label, _, _ in rows)) + 12)
+    width = W - LEFT + left
+    scale = (width - left - 80) / top
     h = 30 + ROW * len(rows)
     out = [
-        f'<svg width="{W}" height="{h}" role="img" aria-label="{escape(title)}">',
+        f'<svg width="{width}" height="{h}" role="img" aria-label="{escape(title)}">',
         f'<text x="4" y="16" class="t">{escape(title)}</text>',
     ]
     for i, (label, v, ci) in enumerate(rows):
         y = 26 + i * ROW
-        out.append(f'<text x="{LEFT - 6}" y="{y + 15}" text-anchor="end">{escape(label)}</text>')
-        out.append(f'<rect x="{LEFT}" y="{y + 3}" width="{v * scale:.1f}" height="16" class="b"/>')
+        out.append(f'<text x="{left - 6}" y="{y + 15}" text-anchor="end">{escape(label)}</text>')
+        out.append(f'<rect x="{left}" y="{y + 3}" width="{v * scale:.1f}" height="16" class="b"/>')
         if ci:
-            x1, x2 = LEFT + ci[0] * scale, LEFT + ci[1] * scale
+            x1, x2 = left + ci[0] * scale, left + ci[1] * scale
             out.append(f'<line x1="{x1:.1f}" x2="{x2:.1f}" y1="{y + 11}" y2="{y + 11}" class="w"/>')
         out.append(
-            f'<text x="{LEFT + v * scale + 6:.1f}" y="{y + 15}">{_fmt(v)} {escape(unit)}</text>'
+            f'<text x="{left + v * scale + 6:.1f}" y="{y + 15}">{_fmt(v)} {escape(unit)}</text>'
         )
     out.append("</svg>")
     return "".join(out)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from torchkiln.runner.arm_facts import arm_facts
 from torchkiln.runner.optim_state import CannotPrime, prime_optimizer_state
 from torchkiln.runner.settings import (
     autocast,
@@ -135,21 +136,23 @@ def build_arm(
     workload = load_workload(
         spec.workload, preset=spec.preset, batch_size=spec.batch_size, step=spec.step
     )
+    # The steps besides compiling, shared with the recommendation's code (runner.arm_facts).
+    facts = arm_facts(variant, workload.step, spec.device)
     model = workload.model.to(spec.device)
     if fp64:
         model = model.double()
     if no_dropout:
         disable_dropout(model)
-    if variant.channels_last:
+    if facts.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    inputs = _prepare_inputs(workload.example_inputs, spec.device, fp64, variant.channels_last)
+    inputs = _prepare_inputs(workload.example_inputs, spec.device, fp64, facts.channels_last)
     targets = map_tensors(workload.targets, lambda t: t.to(spec.device))
     backend = variant.backend
     precision = variant.precision
     device = spec.device
 
+    model.train(not facts.eval_mode)
     if workload.step == "infer":
-        model.eval()
 
         def infer_step(m: Any = model) -> Any:
             with torch.no_grad(), autocast(device, precision):
@@ -164,11 +167,10 @@ def build_arm(
                 return infer_step(compiled_model)
 
     else:
-        model.train()
         loss_fn = workload.loss_fn or default_loss
         optimizer = (workload.make_optimizer or default_optimizer)(model)
         scaler = None
-        if precision == "fp16":
+        if facts.grad_scaler:
             scaler = torch.amp.GradScaler(device.split(":")[0])
 
         def train_step(m: Any = model) -> Any:
@@ -185,7 +187,7 @@ def build_arm(
             optimizer.zero_grad(set_to_none=True)
             return loss.detach()
 
-        if backend.scope == "step":
+        if facts.eager_first_step:
             _prime_for_step_scope(optimizer, backend, device)
             compiled_step = backend.wrap(train_step, compile_scope="step")
         else:

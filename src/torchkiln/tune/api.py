@@ -42,11 +42,47 @@ class TuneResult:
     def report_path(self) -> Path:
         return self.out / "report.html"
 
+    def __repr__(self) -> str:
+        # The whole document is tens of kB: a notebook cell shows this line instead.
+        return f"TuneResult({self._summary()}, report={str(self.report_path)!r})"
+
+    def _summary(self) -> str:
+        d = self.doc
+        head = f"{d.get('workload')!r} {d.get('step')} on {d.get('device')}"
+        trials = len(d.get("trials") or [])
+        best = next((t for t in d.get("trials") or [] if t.get("variant") == self.best), None)
+        if best is None:
+            return f"{head}: no variant passed, {trials} trials"
+        baseline = (d.get("trials") or [{}])[0].get("variant")
+        # The baseline's speedup over itself is noise, not a gain.
+        sp = (best.get("speedup") or {}) if self.best != baseline else {}
+        gain = (
+            f" {sp['median']:.2f}x [{sp['ci95'][0]:.2f}, {sp['ci95'][1]:.2f}] over eager"
+            if sp.get("median") and sp.get("ci95")
+            else ""
+        )
+        return f"{head}: best {self.best!r}{gain}, {trials} trials"
+
+    def _repr_html_(self) -> str:
+        """A notebook's view: the pick, why, the code, and the report's path."""
+        from html import escape
+
+        rec = self.doc.get("recommendation") or {}
+        sel = self.doc.get("selection") or {}
+        why = "".join(f"<li>{escape(w)}</li>" for w in rec.get("why") or [])
+        code = f"<pre>{escape(rec['code'])}</pre>" if rec.get("code") else ""
+        return (
+            f"<div><b>kiln tune</b>: {escape(self._summary())}<br>"
+            f"<i>{escape(sel.get('reason') or '')}</i><ul>{why}</ul>{code}"
+            f"report: <code>{escape(str(self.report_path))}</code></div>"
+        )
+
     def apply(self, model: Any) -> Any:
-        """The model with the chosen variant applied, ready to call."""
+        """The model with the chosen variant applied, ready to call, in the mode the trials
+        measured (an inference tune: eval mode, calls under no_grad)."""
         if self.best is None:
             raise KilnUserError("no variant passed, so there is nothing to apply")
-        return recommend.apply(model, self.best, self.doc["device"])
+        return recommend.apply(model, self.best, self.doc["device"], self.doc.get("step"))
 
 
 def _factory_spec(factory: Any) -> str | None:
@@ -108,7 +144,8 @@ def tune(
             return TuneResult(run_pipeline(inmemory.SPEC, **kwargs), out)
         warnings.warn(f"{why}; running trials in this process (no crash isolation)", stacklevel=2)
         model, inputs = model_or_factory, example_inputs
-        return TuneResult(_in_process(lambda: (copy.deepcopy(model), inputs), kwargs), out)
+        name = type(model).__name__
+        return TuneResult(_in_process(lambda: (copy.deepcopy(model), inputs), kwargs, name), out)
     if callable(model_or_factory):
         spec = _factory_spec(model_or_factory)
         if spec is not None:
@@ -118,18 +155,24 @@ def tune(
             "or locally); running trials in this process",
             stacklevel=2,
         )
-        return TuneResult(_in_process(model_or_factory, kwargs), out)
+        name = getattr(model_or_factory, "__name__", None) or type(model_or_factory).__name__
+        return TuneResult(_in_process(model_or_factory, kwargs, name), out)
     raise KilnUserError(
         f"tune() takes a workload name, a factory or an nn.Module, not "
         f"{type(model_or_factory).__name__}"
     )
 
 
-def _in_process(factory: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+def _in_process(factory: Any, kwargs: dict[str, Any], name: str) -> dict[str, Any]:
+    """Run the tune here, the workload registered for its length under ``name`` (the model's
+    class, or the factory's name: what the report's title shows), kept apart from any
+    registered workload of that name."""
     from torchkiln.tune.pipeline import tune as run_pipeline
-    from torchkiln.workloads.base import _REGISTRY, register_workload
+    from torchkiln.workloads.base import _REGISTRY, register_workload, registry
 
-    name = "__kiln_in_process__"
+    name = re.sub(r"[^\w.\-]+", "_", name) or "model"
+    if name in registry():
+        name = f"{name}-in-process"
     _REGISTRY.pop(name, None)
     register_workload(name, description="in-process model")(factory)
     try:

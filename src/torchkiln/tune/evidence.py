@@ -11,6 +11,7 @@ import shutil
 from typing import Any
 
 from torchkiln.errors import KilnUserError
+from torchkiln.report.evidence import distinct_breaks
 from torchkiln.runner.trial import TrialSpec
 
 
@@ -66,9 +67,11 @@ def graph_breaks(spec: TrialSpec, timeout_s: float) -> dict[str, Any]:
         "breaks": len(breaks),
         "graphs": (report.get("graphs") or {}).get("count"),
         "captured_share": (report.get("graphs") or {}).get("captured_share"),
-        "first_breaks": [
-            {k: b.get(k) for k in ("file", "line", "source", "category", "fix")} for b in breaks[:5]
-        ],
+        # The same line found again (a loop body breaks once per iteration) is one entry with
+        # its count, so the five shown are five places.
+        "first_breaks": distinct_breaks(
+            [{k: b.get(k) for k in ("file", "line", "source", "category", "fix")} for b in breaks]
+        )[:5],
     }
 
 

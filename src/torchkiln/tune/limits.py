@@ -164,3 +164,13 @@ class Estimator:
     def learn(self, cand: Any, result: dict[str, Any]) -> None:
         if result.get("status") == "ok" and cand.compile_factor > 0:
             self.default_compile_s = max(1.0, result["first_call_s"] / cand.compile_factor)
+
+
+def does_not_fit(need_s: float, room_s: float, kept_for: str) -> str:
+    """Why a trial is not run: its estimate against what is left once ``kept_for`` is kept.
+    What is left reads 0 s, never less: the reserve already took the rest (a skip once read
+    "-28 s left")."""
+    return (
+        f"would not fit the budget (estimated {need_s:.0f} s, {max(0.0, room_s):.0f} s left "
+        f"after the time kept for {kept_for})"
+    )

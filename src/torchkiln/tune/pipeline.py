@@ -25,6 +25,7 @@ from torchkiln.tune import recommend
 from torchkiln.tune.limits import (
     FINAL_RESERVE_S,
     Estimator,
+    does_not_fit,
     head_to_head_cost,
     head_to_head_reserve,
     search_limits,
@@ -110,10 +111,7 @@ def _head_to_head_stage(
         need = head_to_head_cost(leader, c)
         room = left() - FINAL_RESERVE_S
         if need > room:
-            why = (
-                f"would not fit the budget (estimated {need:.0f} s, {room:.0f} s left after the "
-                "time kept for the report)"
-            )
+            why = does_not_fit(need, room, "the report")
             stage["skipped"][c["variant"]] = why
             events.skipped(f"{c['variant']} vs {leader['variant']}", why)
             continue
@@ -317,10 +315,7 @@ def tune(
         need, room = estimate(cand), search_room(search_left(not second_turn))
         if need <= room:
             return None
-        return (
-            f"would not fit the budget (estimated {need:.0f} s, {room:.0f} s left after "
-            "the time kept for the final comparison and report)"
-        )
+        return does_not_fit(need, room, "the final comparison and report")
 
     def skip(cand: Candidate, why: str) -> None:
         stages["search"]["skipped"][cand.spec] = why
@@ -390,7 +385,9 @@ def tune(
         else {
             "variant": best["variant"],
             "code": recommend.code(best["variant"], step, device),
-            "why": recommend.reasons(best, eager),
+            "why": recommend.reasons(
+                best, eager, stages.get("graph_breaks"), len(selection.ranking) - 1
+            ),
         },
         "trials": results,
         "head_to_head_trials": h2h,

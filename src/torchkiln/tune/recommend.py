@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from torchkiln.runner.arm_facts import ArmFacts, arm_facts
 from torchkiln.variants import Variant, parse_variant
 
 
@@ -24,98 +25,156 @@ def _compile_args(v: Variant) -> str:
     return ", ".join(args)
 
 
-def code(spec: str, step: str, device: str) -> str:
-    """Python that reproduces the variant outside kiln."""
-    v = parse_variant(spec)
-    dev = device.split(":")[0]
-    lines = ["import torch", ""]
-    if v.precision == "tf32":
+def _setup(f: ArmFacts) -> list[str]:
+    """The steps the trial took before compiling, in its order (runner.executable)."""
+    lines = [f'device = "{f.device}"', "model = model.to(device)"]
+    if f.eval_mode:
+        lines.append("model.eval()  # measured in inference mode: dropout off, batch norm frozen")
+    else:
+        lines.append("model.train()  # measured in training mode")
+    lines.append("x = x.to(device)" + ("" if f.eval_mode else "\ny = y.to(device)"))
+    if f.tf32:
         lines += [
             "torch.backends.cuda.matmul.allow_tf32 = True",
             "torch.backends.cudnn.allow_tf32 = True",
         ]
-    elif v.precision in ("fp32",) and dev == "cuda":
+    elif f.device_type == "cuda":
         lines += [
             "# measured with TF32 off (full fp32):",
             "torch.backends.cuda.matmul.allow_tf32 = False",
             "torch.backends.cudnn.allow_tf32 = False",
         ]
-    if v.channels_last:
+    if f.channels_last:
         lines += [
             "model = model.to(memory_format=torch.channels_last)",
             "x = x.contiguous(memory_format=torch.channels_last)  # 4-D image inputs",
         ]
-    name = v.backend.name
+    return lines
+
+
+def _update(f: ArmFacts, indent: str = "") -> list[str]:
+    if f.grad_scaler:
+        steps = ["scaler.scale(loss).backward()", "scaler.step(optimizer)", "scaler.update()"]
+    else:
+        steps = ["loss.backward()", "optimizer.step()"]
+    return [indent + s for s in [*steps, "optimizer.zero_grad(set_to_none=True)"]]
+
+
+def code(spec: str, step: str, device: str) -> str:
+    """Python that reproduces the variant outside kiln: every step the trial took (device move,
+    eval or train mode, no_grad, precision, layout, the first eager step) and the compile."""
+    v = parse_variant(spec)
+    f = arm_facts(v, step, device)
+    lines = ["import torch", "", *_setup(f)]
     scope = v.backend.scope
     args = _compile_args(v)
     if getattr(v.backend, "freezing", False):
         lines.insert(1, "import torch._inductor.config")
         lines.append("torch._inductor.config.freezing = True  # inference: weights as constants")
     autocast = (
-        f'torch.autocast("{dev}", dtype=torch.{"bfloat16" if v.precision == "bf16" else "float16"})'
-        if v.precision in ("bf16", "fp16")
+        f'torch.autocast("{f.device_type}", dtype=torch.{f.autocast_dtype})'
+        if f.autocast_dtype
         else None
     )
-    if name == "eager":
-        lines.append("run = model  # no compilation: it did not pay for itself here")
+    if f.grad_scaler:
+        lines.append(f'scaler = torch.amp.GradScaler("{f.device_type}")  # fp16 training')
+    if v.backend.name == "eager":
+        compiled = "run = model  # no compilation: it did not pay for itself here"
     elif scope == "regions":
-        lines += [
-            "# compile each repeated block once; every instance reuses the code",
-            "for block in blocks:  # e.g. model.bert.encoder.layer, or resnet's Bottlenecks",
-            f"    block.compile({args})",
-            "run = model",
-        ]
+        compiled = "\n".join(
+            [
+                "# compile each repeated block once; every instance reuses the code",
+                "for block in blocks:  # e.g. model.bert.encoder.layer, or resnet's Bottlenecks",
+                f"    block.compile({args})",
+                "run = model",
+            ]
+        )
     elif scope == "step":
-        lines.append(f"train_step = torch.compile(train_step{', ' + args if args else ''})")
+        compiled = f"train_step = torch.compile(train_step{', ' + args if args else ''})"
     else:
-        lines.append(f"run = torch.compile(model{', ' + args if args else ''})")
+        compiled = f"run = torch.compile(model{', ' + args if args else ''})"
     if step == "infer":
         lines += [
+            compiled,
             "",
             "with torch.no_grad():" if not autocast else f"with torch.no_grad(), {autocast}:",
             "    out = run(x)",
         ]
-    elif scope == "step":
+    elif f.whole_step:
         body = (
-            "    loss = loss_fn(model(x), y)"
+            ["    loss = loss_fn(model(x), y)"]
             if not autocast
-            else (f"    with {autocast}:\n        loss = loss_fn(model(x), y)")
+            else [f"    with {autocast}:", "        loss = loss_fn(model(x), y)"]
         )
-        lines = lines[:-1] + [
+        lines += [
             "",
             "def train_step(x, y):",
-            body,
-            "    loss.backward()",
-            "    optimizer.step()",
-            "    optimizer.zero_grad(set_to_none=True)",
+            *body,
+            *_update(f, "    "),
             "    return loss.detach()",
             "",
-            "# The first step eagerly: the optimizer makes its state (momentum buffers, moments)",
-            "# outside the compiled step, where CUDA graphs would overwrite it on the next replay.",
-            "train_step(x, y)",
-            lines[-1],
         ]
+        if f.eager_first_step:
+            lines += [
+                "# The first step eagerly: the optimizer makes its state (momentum buffers, "
+                "moments)",
+                "# outside the compiled step, where CUDA graphs would overwrite it on the next "
+                "replay.",
+                "train_step(x, y)",
+            ]
+        lines.append(compiled)
     else:
+        lines.append(compiled)
         if autocast:
             lines += ["", f"with {autocast}:", "    loss = loss_fn(run(x), y)"]
         else:
             lines += ["", "loss = loss_fn(run(x), y)"]
-        lines += ["loss.backward()", "optimizer.step()", "optimizer.zero_grad(set_to_none=True)"]
-    if v.precision == "fp16" and step == "train":
-        lines.append("# fp16 training: scale the loss with torch.amp.GradScaler")
+        lines += _update(f)
     return "\n".join(lines)
 
 
-def reasons(best: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
-    """One sentence of why per choice, with the measured numbers."""
+def _graphs_sentence(gb: dict[str, Any] | None) -> str:
+    """What CUDA graphs replay, from the graph-break evidence: one launch for the whole step
+    only where the model compiled to one graph with no break."""
+    gb = gb or {}
+    graphs, breaks = gb.get("graphs"), gb.get("breaks")
+    if graphs == 1 and breaks == 0:
+        return "CUDA graphs replay the whole step with one launch"
+    if graphs is None or breaks is None:
+        return (
+            "CUDA graphs replay each captured graph with one launch (how many graphs the step "
+            "makes was not measured)"
+        )
+    s = "" if breaks == 1 else "s"
+    return (
+        f"CUDA graphs replay each of the {graphs} captured graphs with one launch; the code "
+        f"between them, at the {breaks} graph break{s}, runs eagerly"
+    )
+
+
+def reasons(
+    best: dict[str, Any],
+    baseline: dict[str, Any],
+    graph_breaks: dict[str, Any] | None = None,
+    others_passed: int | None = None,
+) -> list[str]:
+    """One sentence of why per choice, with the measured numbers. ``graph_breaks``: the tune's
+    graph-break evidence (breaks, graphs), which says what CUDA graphs can replay;
+    ``others_passed``: how many variants besides the pick passed (None: not known)."""
     v = parse_variant(best["variant"])
     sp = best["speedup"]
     out = []
     if v.backend.name == "eager":
-        out.append(
-            "Stay in eager: no compiled variant was faster with an interval clear of eager's "
-            "at a lower total cost."
-        )
+        if others_passed == 0:
+            out.append(
+                "Stay in eager: no compiled variant finished and passed the check (the report "
+                "gives each one's status and reason)."
+            )
+        else:
+            out.append(
+                "Stay in eager: no compiled variant was faster with an interval clear of "
+                "eager's at a lower total cost."
+            )
         return out
     out.append(
         f"{v.backend.name} ({_compile_args(v) or 'default settings'}): "
@@ -127,11 +186,11 @@ def reasons(best: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
     if mode in ("reduce-overhead", "max-autotune") or v.backend.name == "cudagraphs":
         k, bk = best.get("kernels_per_step"), best.get("baseline_kernels_per_step")
         extra = (
-            f" ({k:.0f} kernels per step replayed as one graph vs {bk:.0f} launches)"
+            f" ({k:.0f} kernels per step replayed, against {bk:.0f} launched one by one in eager)"
             if (k is not None and bk is not None)
             else ""
         )
-        out.append("CUDA graphs replay the whole step with one launch" + extra + ".")
+        out.append(_graphs_sentence(graph_breaks) + extra + ".")
     if v.backend.scope == "regions":
         out.append("Regional compilation compiles one repeated block and reuses it.")
     if v.backend.scope == "step":
@@ -152,15 +211,38 @@ def reasons(best: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
     return out
 
 
-class _Tuned:
-    """Callable module: the model with the chosen variant applied (autocast and flags inside)."""
+def summary_lines(doc: dict[str, Any], out: str) -> list[str]:
+    """What `kiln tune` prints when it ends: the pick and why, its code, where the report is.
+    README's example output is this, from a real run (benchmarks/readme_example.py)."""
+    sel = doc["selection"]
+    rec = doc.get("recommendation")
+    lines = [f"pick: {sel['best']}  ({sel['reason']})"]
+    if rec:
+        lines += [f"  - {w}" for w in rec["why"]]
+        lines += ["", rec["code"], ""]
+    lines.append(
+        f"report: {out}/report.html, {out}/report.md, {out}/results.json "
+        f"({doc['wall_s']:.0f} s of a {doc['budget_s']:.0f} s budget)"
+    )
+    return lines
 
-    def __init__(self, model: Any, spec: str, device: str) -> None:
+
+class _Tuned:
+    """Callable module: the model with the chosen variant applied, taking the trial's steps
+    (runner.arm_facts): inference in eval mode under no_grad, autocast and flags inside."""
+
+    def __init__(self, model: Any, spec: str, device: str, step: str | None = None) -> None:
+        import contextlib
+
         import torch
 
         from torchkiln.runner.settings import autocast, precision_flags
 
         v = parse_variant(spec)
+        facts = arm_facts(v, step, device) if step else None
+        if facts is not None:
+            # Before compiling: the compiled code specialises on the mode (dropout, batch norm).
+            model.train(not facts.eval_mode)
         if v.channels_last:
             model = model.to(memory_format=torch.channels_last)
         self.model = model
@@ -168,6 +250,7 @@ class _Tuned:
         self.device = device
         self._autocast = lambda: autocast(device, v.precision)
         self._flags = lambda: precision_flags(v.precision)
+        self._grad = torch.no_grad if facts and facts.no_grad else contextlib.nullcontext
         backend = v.backend
         if backend.scope == "step":
             # The step is the caller's code; here the model alone is compiled.
@@ -176,11 +259,13 @@ class _Tuned:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.variant.backend.before_step()
-        with self._flags(), self._autocast():
+        with self._grad(), self._flags(), self._autocast():
             return self._run(*args, **kwargs)
 
 
-def apply(model: Any, spec: str, device: str = "cuda") -> Any:
-    """The model with ``spec`` applied, ready to call like the model. A whole-step variant is
-    applied to the model alone here (the step is the caller's code: see the recommendation)."""
-    return _Tuned(model, spec, device)
+def apply(model: Any, spec: str, device: str = "cuda", step: str | None = None) -> Any:
+    """The model with ``spec`` applied, ready to call like the model. With ``step`` (the tune's
+    "infer" or "train"), the model is put in the mode the trial measured, and an inference call
+    runs under no_grad as the trial's did. A whole-step variant is applied to the model alone
+    here (the step is the caller's code: see the recommendation)."""
+    return _Tuned(model, spec, device, step)

@@ -152,13 +152,27 @@ def finalists(
     return [leader, *chosen[:FINALISTS]]
 
 
+# Eager's speedup over itself: a variant whose interval lies below it is slower than eager.
+EAGER_CI = (1.0, 1.0)
+
+
+def _slower(r: dict[str, Any], than: tuple[float, float]) -> bool:
+    """r's speedup interval lies wholly below ``than``: significantly slower."""
+    return r["speedup"]["ci95"][1] < than[0]
+
+
 def _settle_tie(sel: Selection, group: list[dict[str, Any]], why: str) -> None:
-    """Among variants no measurement could separate, the cheapest to compile wins."""
+    """Among variants no measurement could separate, the cheapest to compile wins (``why`` may
+    hold ``{n}``, the number of variants in the tie list). A wide
+    interval can overlap a variant that is significantly slower than eager (a tie list once read
+    0.60x [0.31, 0.64]): such a variant, and one significantly slower than the pick, is no tie."""
+    group = [r for r in group if r is group[0] or not _slower(r, EAGER_CI)]
     cheapest = min(group, key=lambda r: r["first_call_s"])
     sel.best = cheapest
-    sel.tied = [r["variant"] for r in group]
+    pick_ci = tuple(cheapest["speedup"]["ci95"])
+    sel.tied = [r["variant"] for r in group if r is cheapest or not _slower(r, pick_ci)]
     sel.reason = (
-        f"{why}; the cheapest to compile wins: {cheapest['variant']} "
+        f"{why.format(n=len(sel.tied))}; the cheapest to compile wins: {cheapest['variant']} "
         f"({cheapest['first_call_s']:.1f} s first call)"
     )
 
@@ -203,7 +217,7 @@ def _head_to_head(
             f"tie head to head: {names}, each timed against {leader['variant']} in one "
             "process, showed no significant difference"
         )
-        _settle_tie(sel, [leader, *tied], why)
+        _settle_tie(sel, [leader, *tied], why.replace("{", "{{").replace("}", "}}"))
         return True
     sel.best = leader
     sel.reason = (
@@ -249,16 +263,31 @@ def select(
     if head_to_head and _head_to_head(sel, top, ranked, head_to_head):
         return sel
     tied = [
-        r for r in ranked[1:] if intervals_overlap(top["speedup"]["ci95"], r["speedup"]["ci95"])
+        r
+        for r in ranked[1:]
+        if intervals_overlap(top["speedup"]["ci95"], r["speedup"]["ci95"])
+        and not _slower(r, EAGER_CI)
     ]
     if not tied:
         sel.best = top
         runner = ranked[1]["variant"] if len(ranked) > 1 else None
+        if top["variant"] == baseline["variant"]:
+            # The baseline against itself measures only noise: "1.06x over eager" said nothing.
+            sel.reason = (
+                f"no compiled variant was faster: {len(ranked) - 1} other"
+                f"{'s' if len(ranked) > 2 else ''} passed, slower than {top['variant']} with an "
+                "interval clear of it"
+                if runner
+                else (
+                    f"the only variant that finished and passed the check; {len(rejected)} did not"
+                    if rejected
+                    else "the only variant measured"
+                )
+            )
+            return sel
         sel.reason = f"fastest, {top['speedup']['median']:.2f}x over eager" + (
             f", with an interval clear of the runner-up ({runner})" if runner else ""
         )
         return sel
-    _settle_tie(
-        sel, [top, *tied], f"tie: {len(tied) + 1} variants have overlapping speedup intervals"
-    )
+    _settle_tie(sel, [top, *tied], "tie: {n} variants have overlapping speedup intervals")
     return sel
