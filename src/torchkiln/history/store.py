@@ -134,8 +134,12 @@ def _inspect(path: Path) -> int | None:
         head = f.read(len(SQLITE_HEADER))
     if head != SQLITE_HEADER:
         raise _refuse(path, "is not an SQLite database (its first bytes are not SQLite's)")
+    # Without a -wal file beside it, everything is in the file itself: read it as immutable,
+    # so that no -wal or -shm file is created beside a file that may not be kiln's.
+    wal = path.with_name(path.name + "-wal").exists()
+    uri = f"{path.resolve().as_uri()}?mode=ro" + ("" if wal else "&immutable=1")
     try:
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5)
+        conn = sqlite3.connect(uri, uri=True, timeout=5)
     except sqlite3.Error as exc:
         raise _refuse(path, f"cannot be opened ({exc})") from exc
     try:
