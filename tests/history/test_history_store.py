@@ -11,8 +11,8 @@ import sys
 import textwrap
 
 import pytest
-from history_docs import bench_doc
 
+from history_docs import bench_doc
 from torchkiln.history import records
 from torchkiln.history.store import (
     FORMAT,
@@ -204,6 +204,7 @@ def test_a_first_version_store_is_migrated_keeping_every_row(tmp_path):
         assert [store.find(d) for d in docs] == [1, 2, 3]
         assert all(store.document(i) == d for i, d in enumerate(docs, start=1))
         assert store.append(bench_doc({"eager": 9.0}, tag="-new")) == 4
-        assert records.digest(docs[0]) == store.conn.execute(
-            "SELECT digest FROM runs WHERE id = 1"
-        ).fetchone()[0]
+        assert (
+            records.digest(docs[0])
+            == store.conn.execute("SELECT digest FROM runs WHERE id = 1").fetchone()[0]
+        )
