@@ -128,6 +128,8 @@ def _inspect(path: Path) -> int | None:
     """The schema version of the kiln store at ``path``, None when there is no store yet
     (no file, an empty file, or an SQLite file with no tables). Raises HistoryError for
     anything else. Reads only: the file is opened read-only."""
+    if path.is_dir():
+        raise _refuse(path, "is a directory")
     if not path.exists() or path.stat().st_size == 0:
         return None
     with open(path, "rb") as f:
@@ -187,7 +189,8 @@ class Store:
         try:
             _retrying(lambda: self.conn.execute("PRAGMA journal_mode=WAL").fetchone())
             self.conn.execute("PRAGMA foreign_keys=ON")
-            self._prepare(version)
+            if version != SCHEMA_VERSION:  # a current store is opened without a write lock
+                self._prepare(version)
         except sqlite3.DatabaseError as exc:
             self.conn.close()
             raise _refuse(self.path, f"could not be prepared (sqlite: {exc})") from exc

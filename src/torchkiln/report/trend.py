@@ -14,7 +14,8 @@ from typing import Any
 
 W, H, PAD_L, PAD_R, PAD_T, PAD_B = 760, 230, 60, 150, 28, 40
 MAX_POINTS = 30  # the latest runs drawn per variant
-ENV_KEYS = ("device_name", "host", "torch", "triton", "kiln_git_sha")
+# The model's own source file too (a `file.py:factory` workload): its edits move step times.
+ENV_KEYS = ("device_name", "host", "torch", "triton", "kiln_git_sha", "source_hash")
 
 
 def env_change(prev: dict[str, Any], cur: dict[str, Any]) -> str | None:
@@ -23,8 +24,9 @@ def env_change(prev: dict[str, Any], cur: dict[str, Any]) -> str | None:
     for key in ENV_KEYS:
         a, b = prev.get(key), cur.get(key)
         if a != b:
-            short = (lambda v: str(v)[:8]) if key == "kiln_git_sha" else str
-            changed.append(f"{key.replace('_name', '')} {short(a)}→{short(b)}")
+            short = (lambda v: str(v)[:8]) if key in ("kiln_git_sha", "source_hash") else str
+            label = {"device_name": "device", "source_hash": "source"}.get(key, key)
+            changed.append(f"{label} {short(a)}→{short(b)}")
     return ", ".join(changed) or None
 
 
