@@ -208,3 +208,40 @@ def test_a_first_version_store_is_migrated_keeping_every_row(tmp_path):
             records.digest(docs[0])
             == store.conn.execute("SELECT digest FROM runs WHERE id = 1").fetchone()[0]
         )
+
+
+def test_serve_bench_and_kernels_bench_results_are_stored_per_arm():
+    serve = {
+        "variant": "inductor+bf16",
+        "device": "cpu",
+        "workload": "simple",
+        "trace": {"requests": 10},
+        "environment": bench_doc({})["environment"],
+        "arms": [
+            {"arm": "eager", "spec": "eager", "status": "ok", "latency_ms": {"p50": 2.0}},
+            {"arm": "bucketed", "spec": "inductor+bf16", "status": "error", "error": "boom"},
+        ],
+    }
+    rows = records.measurement_rows(serve, records.kind_of(serve))
+    assert [(r["variant"], r["precision"], r["status"], r["median_ms"]) for r in rows] == [
+        ("eager:eager", "bf16", "ok", 2.0),
+        ("bucketed:inductor+bf16", "bf16", "error", None),
+    ]
+    kernels = {
+        "results": [
+            {"kernel": "softmax", "direction": "fwd", "dtype": "bf16", "rows": 4096,
+             "cols": 1024, "arms": {"kiln": {"ms": 0.5, "ms_p20": 0.49, "ms_p80": 0.52},
+                                    "compile": {"status": "compile error: X"}}},
+        ],
+        "copy": {},
+        "environment": {**bench_doc({})["environment"], "gpu": {"name": "NVIDIA H200"}},
+    }  # fmt: skip
+    assert records.kind_of(kernels) == "kernels-bench"
+    rows = records.measurement_rows(kernels, "kernels-bench")
+    assert [(r["variant"], r["precision"], r["status"], r["lo_ms"]) for r in rows] == [
+        ("softmax.fwd.4096x1024:kiln", "bf16", "ok", 0.49),
+        ("softmax.fwd.4096x1024:compile", "bf16", "compile error", None),
+    ]
+    assert records.run_row(kernels)["device_name"] == "NVIDIA H200"
+    with pytest.raises(ValueError, match="not a kiln"):
+        records.kind_of({"hello": 1})
