@@ -105,3 +105,24 @@ def test_the_tune_report_draws_the_trend_with_environment_changes_marked(tmp_pat
     other = _tune({"eager": 9.0}, "2026-11-03T10:00:00+0000")
     other["workload"] = "another"
     assert "Trend" not in html(other, store)  # no earlier comparable run
+
+
+def test_the_ci_example_runs_kiln_commands_that_parse_and_caches_the_store():
+    import re
+    import shlex
+    from pathlib import Path
+
+    from torchkiln.cli import build_parser
+
+    text = (Path(__file__).parents[2] / "examples" / "github-actions-kiln.yml").read_text()
+    joined = re.sub(r"\\\n\s*", "", text)
+    commands = [line.strip() for line in joined.splitlines() if line.strip().startswith("kiln ")]
+    commands += [
+        line.split("run:", 1)[1].strip() for line in joined.splitlines() if "run: kiln " in line
+    ]
+    assert any(c.startswith("kiln bench") for c in commands)
+    assert any("compare --against history" in c for c in commands)
+    for command in commands:
+        build_parser().parse_args(shlex.split(command)[1:])  # exits 2 on a bad option
+    assert "actions/cache/restore" in text and "actions/cache/save" in text
+    assert "KILN_HISTORY" in text
