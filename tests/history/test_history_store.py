@@ -245,3 +245,14 @@ def test_serve_bench_and_kernels_bench_results_are_stored_per_arm():
     assert records.run_row(kernels)["device_name"] == "NVIDIA H200"
     with pytest.raises(ValueError, match="not a kiln"):
         records.kind_of({"hello": 1})
+
+
+def test_a_document_in_memory_and_read_back_from_its_file_have_one_digest():
+    doc = bench_doc({"eager": 10.0})
+    doc["baseline_drift"] = {"baseline_median_ms": {10: 1.0, 2: 2.0}, "span": (1, 2)}
+    doc["wall_s"], doc["history"] = 12.0, {"path": "x"}
+    back = json.loads(json.dumps(doc))
+    back["wall_s"] = 30.0  # a tune rewrites its wall time after the first write
+    del back["history"]
+    assert records.digest(doc) == records.digest(back)
+    assert records.digest(doc) != records.digest(bench_doc({"eager": 10.5}))

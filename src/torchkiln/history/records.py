@@ -22,7 +22,10 @@ def now() -> str:
 def digest(doc: dict[str, Any]) -> str:
     """Identifies one result: the same document, wherever its file went, has the same digest."""
     kept = {k: v for k, v in doc.items() if k not in VOLATILE}
-    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()
+    # Through JSON first: the document in memory (tuples, int keys, paths) and the same one read
+    # back from its file give one text.
+    text = json.dumps(json.loads(json.dumps(kept, default=str)), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def kind_of(doc: dict[str, Any]) -> str:

@@ -352,7 +352,9 @@ def record(doc: dict[str, Any], kind: str, history: str | Path | bool | None = N
     try:
         with Store(path) as store:
             return {"path": str(path), "run_id": store.append(doc, kind)}
-    except (HistoryError, sqlite3.Error, OSError, ValueError, KeyError, TypeError) as exc:
+    except (
+        HistoryError, sqlite3.Error, OSError, ValueError, KeyError, TypeError, AttributeError
+    ) as exc:  # fmt: skip
         why = str(exc) if isinstance(exc, HistoryError) else f"{type(exc).__name__}: {exc}"
         return {"path": str(path), "warning": f"history not written: {why}"}
 
