@@ -210,6 +210,14 @@ def test_a_first_version_store_is_migrated_keeping_every_row(tmp_path):
         )
 
 
+def test_a_reused_tune_trial_is_stored_as_reused():
+    doc = bench_doc({"eager": 10.0, "inductor": 5.0})
+    doc["schema"] = "torchkiln.tune/1"
+    doc["trials"][0]["reused"] = True
+    rows = records.measurement_rows(doc, records.kind_of(doc))
+    assert [(r["variant"], r["status"]) for r in rows] == [("eager", "reused"), ("inductor", "ok")]
+
+
 def test_serve_bench_and_kernels_bench_results_are_stored_per_arm():
     serve = {
         "variant": "inductor+bf16",

@@ -121,7 +121,12 @@ def measurement_rows(doc: dict[str, Any], kind: str) -> list[dict[str, Any]]:
     if kind in ("bench", "tune", "pytest"):
         for t in doc.get("trials") or []:
             median, lo, hi = _interval(t.get("steady_ms"))
-            rows.append(_row(t["variant"], _precision(t["variant"]), t, median, lo, hi))
+            row = _row(t["variant"], _precision(t["variant"]), t, median, lo, hi)
+            if t.get("reused"):
+                # A tune's trial taken from an earlier run into its directory: not measured
+                # again, so no new point of its trend nor a run of its noise floor.
+                row["status"] = "reused"
+            rows.append(row)
     elif kind == "serve-bench":
         # Per arm, the median request latency; the trace's requests differ in size, so there
         # is no interval of one median step.
