@@ -91,13 +91,16 @@ def bench(
     executor: TrialExecutor | None = None,
     nproc: int | None = None,
     dist: str | None = None,
+    history: str | Path | bool | None = None,
 ) -> dict[str, Any]:
     """Measure each variant against the baseline on one workload; each trial in its own process.
 
     Returns the bench document (schema ``torchkiln.bench/1``) also written to the run directory.
     ``executor`` decides where trials run (default: here, one after another). ``dist``
     (``ddp`` or ``fsdp``) with ``nproc`` runs each training trial through torchrun on ``nproc``
-    ranks (see docs/scale.md).
+    ranks (see docs/scale.md). The result is also appended to the history store ``history``
+    (None: the default store, False: none; see docs/history.md); the returned document's
+    ``history`` says where, or why it could not be.
 
     Raises KilnUserError for bad input (unknown names, a missing spec file, no GPU)."""
     events = events or TrialEvents()
@@ -190,6 +193,9 @@ def bench(
     from torchkiln.runner.worker import write_json
 
     write_json(run.path / "bench.json", doc)
+    from torchkiln.history import record
+
+    doc["history"] = record(doc, "bench", history)  # after the file: it never costs the result
     return doc
 
 

@@ -86,6 +86,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         "(pool), or one Ray task each (ray; needs the 'ray' extra)",
     )
     p.add_argument("--address", help="with --executor ray: the cluster to join (default: local)")
+    _add_history_options(p)
 
 
 def _default_device() -> str:
@@ -178,12 +179,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
             executor=executor,
             nproc=args.nproc,
             dist=args.dist,
+            history=_history_of(args),
         )
     render(doc)
     if args.dist:
         print("\n".join(dist_summary_lines(doc)))
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(doc, indent=2, default=str))
+    _print_history(doc)
     return 0
 
 
@@ -219,6 +222,7 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", default=None, help="report directory (default kiln-runs/tune-...)")
     p.add_argument("--reps", type=int, default=None)
+    _add_history_options(p)
 
 
 class _TuneProgress:
@@ -341,11 +345,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
         out=out,
         events=progress,
         spec_overrides={"reps": args.reps} if args.reps else None,
+        history=_history_of(args),
     )
     progress.flush()  # deferrals after the last stage
     from torchkiln.tune.recommend import summary_lines
 
     print("\n".join(summary_lines(doc, out)))
+    _print_history(doc)
     return 0
 
 
@@ -360,6 +366,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from torchkiln.report.compare import lines, run_compare
 
+    files = [f for f in (args.old, args.new) if f]
+    if args.against:
+        if len(files) != 1:
+            raise KilnUserError("compare --against history[:N] takes one result: NEW")
+        from torchkiln.history.commands import run_against
+
+        return run_against(args, files[0])
+    if len(files) != 2:
+        raise KilnUserError("compare takes OLD and NEW (or --against history[:N] NEW)")
     code, comparison = run_compare(args.old, args.new, args.threshold)
     print("\n".join(lines(comparison)))
     return code
@@ -407,14 +422,15 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="re-render report.md and report.html from results.json")
     rep.add_argument("dir")
     cmp_ = sub.add_parser("compare", help="did any variant get slower? exit 1 on a regression")
-    cmp_.add_argument("old")
-    cmp_.add_argument("new")
+    cmp_.add_argument("old", nargs="?")
+    cmp_.add_argument("new", nargs="?")
     cmp_.add_argument(
         "--threshold",
         type=float,
         default=0.05,
         help="relative slow-down that counts, when intervals do not overlap",
     )
+    _add_history_commands(sub, cmp_)
     _add_module_command(
         sub,
         "doctor",
@@ -450,6 +466,40 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("workloads", help="list the registered workloads")
     sub.add_parser("variants", help="list the backends, their parameters and the policies")
     return parser
+
+
+def _add_history_options(p: argparse.ArgumentParser) -> None:
+    from torchkiln.history import add_arguments
+
+    add_arguments(p)
+
+
+def _history_of(args: argparse.Namespace) -> Any:
+    from torchkiln.history import from_args
+
+    return from_args(args)
+
+
+def _print_history(doc: dict[str, Any]) -> None:
+    """The history store's line: where the result was appended, or a warning saying why not."""
+    from torchkiln.history.store import status_line
+
+    line = status_line(doc.get("history") or {"off": True})
+    if line:
+        print(line, file=sys.stderr)
+
+
+def _add_history_commands(sub: argparse._SubParsersAction, compare: Any) -> None:
+    """`kiln history`, `kiln import` and compare's --against (docs/history.md)."""
+    from torchkiln.history import commands
+
+    commands.add_against(compare)
+    hist = sub.add_parser("history", help="the runs in the history store, newest first")
+    commands.add_history_arguments(hist)
+    hist.set_defaults(module_run=commands.run_history)
+    imp = sub.add_parser("import", help="load existing run directories into the history store")
+    commands.add_import_arguments(imp)
+    imp.set_defaults(module_run=commands.run_import)
 
 
 COMMANDS = {

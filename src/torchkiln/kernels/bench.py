@@ -61,6 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--rep-ms", type=float, default=50.0, help="do_bench repetition time per measurement, ms"
     )
     parser.add_argument("--json", dest="json_path", help="also write the results here")
+    from torchkiln.history import add_arguments as add_history_arguments
+
+    add_history_arguments(parser)
 
 
 def _do_bench(fn: Callable[[], Any], warmup_ms: float, rep_ms: float) -> dict[str, float]:
@@ -339,6 +342,13 @@ def run(args: argparse.Namespace) -> int:
                 with_compile=not args.no_compile, rep_ms=args.rep_ms,
                 log=lambda line: print(line, file=sys.stderr))  # fmt: skip
     print(format_table(doc))
+    from torchkiln.history import from_args, record
+    from torchkiln.history.store import status_line
+
+    # Before the file: the stored document and the file both carry the environment.
+    line = status_line(record(doc, "kernels-bench", from_args(args)))
+    if line:
+        print(line, file=sys.stderr)
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(doc, indent=2) + "\n")
     return 0

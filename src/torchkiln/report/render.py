@@ -7,7 +7,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from torchkiln.report import compare_xla, evidence, svg
+from torchkiln.report import compare_xla, evidence, svg, trend
 from torchkiln.report.table import fmt_accuracy, fmt_memory, fmt_ms, fmt_speedup, fmt_tflops
 from torchkiln.tune.select import step_s
 
@@ -145,7 +145,8 @@ def chart_engine() -> tuple[Any, str | None]:
     )
 
 
-def html(doc: dict[str, Any]) -> str:
+def html(doc: dict[str, Any], history: str | Path | bool | None = False) -> str:
+    """The HTML report; with ``history`` (a store, None for the default), its trend charts."""
     ok = [r for r in doc["trials"] if r["status"] in ("ok", "accuracy_fail")]
     sel = doc.get("selection") or {}
     rec = doc.get("recommendation")
@@ -208,6 +209,7 @@ def html(doc: dict[str, Any]) -> str:
     ]
     if kern:
         charts.append(draw.hbars("Kernels per step", kern, ""))
+    charts.append(trend.section(doc, history))
     rows = trial_rows(doc)
     table = ""
     if rows:
@@ -259,10 +261,12 @@ def _horizon(doc: dict[str, Any], ok: list[dict[str, Any]]) -> int:
     return int(max(be) * 2) if be else 1000
 
 
-def write_reports(doc: dict[str, Any], out: str | Path) -> None:
+def write_reports(
+    doc: dict[str, Any], out: str | Path, history: str | Path | bool | None = None
+) -> None:
     out = Path(out)
     (out / "report.md").write_text(markdown(doc))
-    (out / "report.html").write_text(html(doc))
+    (out / "report.html").write_text(html(doc, history))
 
 
 def rerender(run_dir: str | Path) -> Path:

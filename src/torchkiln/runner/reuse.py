@@ -70,8 +70,9 @@ def _module_file(module: str) -> Path | None:
 # Environment variables a trial process inherits that change what it measures. Read at each
 # trial (a caller may set them between runs), not cached.
 SETTING_PREFIXES = ("TORCHINDUCTOR_", "TORCH_", "TRITON_", "OMP_", "MKL_", "CUDA_", "KILN_")
-# Covered otherwise: kiln's sha is in the record, an in-memory model's bytes in the spec.
-NOT_SETTINGS = ("KILN_GIT_SHA", "KILN_INMEMORY_PATH")
+# Covered otherwise: kiln's sha is in the record, an in-memory model's bytes in the spec; where
+# results are also stored (the history) changes nothing measured.
+NOT_SETTINGS = ("KILN_GIT_SHA", "KILN_INMEMORY_PATH", "KILN_HISTORY")
 
 
 def _settings() -> dict[str, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="largest bucket per symbol (default: the trace's maximum)",
     )
     parser.add_argument("--out", help="write the result JSON here")
+    from torchkiln.history import add_arguments as add_history_arguments
+
+    add_history_arguments(parser)
 
 
 def _pairs(text: str, what: str) -> dict[str, int]:
@@ -180,7 +184,17 @@ def run(args: argparse.Namespace) -> int:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2, default=str))
     print(render_table(result))
+    _append_history(result, args)
     return 0
+
+
+def _append_history(result: dict[str, Any], args: argparse.Namespace) -> None:
+    from torchkiln.history import from_args, record
+    from torchkiln.history.store import status_line
+
+    line = status_line(record(result, "serve-bench", from_args(args)))
+    if line:
+        print(line, file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

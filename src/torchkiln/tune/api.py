@@ -104,13 +104,15 @@ def tune(
     allow_precision: tuple[str, ...] | list[str] = (),
     preset: str = "full",
     out: str | Path | None = None,
+    history: str | Path | bool | None = None,
     **overrides: Any,
 ) -> TuneResult:
     """Tune a workload spec (str), a factory function, or an in-memory model + example inputs.
 
     An in-memory model is handed to each trial process with torch.save; where that cannot work
     (a class defined in __main__, an unpicklable model) trials run in this process instead,
-    with a warning: no isolation from crashes, and Dynamo's caches are shared between trials."""
+    with a warning: no isolation from crashes, and Dynamo's caches are shared between trials.
+    ``history``: the store the result is appended to (None: the default, False: none)."""
     import torch
 
     from torchkiln.tune.pipeline import tune as run_pipeline
@@ -127,6 +129,7 @@ def tune(
         allow_precision=set(allow_precision),
         out=out,
         spec_overrides=overrides or None,
+        history=history,
     )
     if isinstance(model_or_factory, str):
         return TuneResult(run_pipeline(model_or_factory, **kwargs), out)

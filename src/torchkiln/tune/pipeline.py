@@ -193,8 +193,11 @@ def tune(
     events: TuneEvents | None = None,
     spec_overrides: dict[str, Any] | None = None,
     in_process: bool = False,
+    history: str | Path | bool | None = None,
 ) -> dict[str, Any]:
-    """Run the pipeline and write results.json, report.md and report.html into ``out``."""
+    """Run the pipeline and write results.json, report.md and report.html into ``out``; the
+    result is also appended to the history store ``history`` (None: the default, False: none),
+    and the report draws the trend of earlier comparable runs found there."""
     events = events or TuneEvents()
     t0 = time.monotonic()
     left = lambda: budget_s - (time.monotonic() - t0)  # noqa: E731
@@ -396,7 +399,10 @@ def tune(
     write_json(out / "results.json", doc)
     from torchkiln.report.render import write_reports
 
-    write_reports(doc, out)
+    write_reports(doc, out, history=history)
     doc["wall_s"] = time.monotonic() - t0
     write_json(out / "results.json", doc)
+    from torchkiln.history import record
+
+    doc["history"] = record(doc, "tune", history)  # after the files: it never costs the result
     return doc
