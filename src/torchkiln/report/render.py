@@ -161,6 +161,9 @@ def markdown(doc: dict[str, Any]) -> str:
                 noted[note].append(r["variant"])
     for note, variants in noted.items():
         out.append(f"- Note ({', '.join(f'`{v}`' for v in variants)}): {_md(note)}")
+    from torchkiln.ship.report import markdown_section
+
+    out += markdown_section(doc.get("ship"))  # `kiln ship RUN_DIR` adds it
     return "\n".join(out) + "\n"
 
 
