@@ -220,3 +220,36 @@ def test_the_shipped_section_renders_each_route(shipped):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert markdown_section(None) == []
+
+
+def _route(first_fast_s, first_call_s, steady_ms, load_s=0.5):
+    return {
+        "ok": True,
+        "load_s": load_s,
+        "first_call_s": first_call_s,
+        "first_fast_s": first_fast_s,
+        "steady_ms": {"median": steady_ms},
+        "compile_phases_s": {
+            "entire_frame_compile": first_call_s * 0.9,
+            "backend_compile": first_call_s * 0.7,
+            "inductor_compile": first_call_s * 0.5,
+        },
+    }
+
+
+def test_bench_ship_judges_the_goals_and_names_the_phase_that_missed():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_ship.py"
+    spec = importlib.util.spec_from_file_location("bench_ship", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    routes = {"cold": _route(20.0, 19.0, 3.0), "cache": _route(4.0, 3.0, 3.03)}
+    ok = bench.judge("infer", routes, ["cache"])
+    assert ok["route"] == "cache" and ok["first_output_met"] and ok["steady_met"]
+    routes["cache"] = _route(9.0, 2.0, 3.2, load_s=1.0)  # 6 s after the first call: recording
+    missed = bench.judge("infer", routes, ["cache"])
+    assert not missed["first_output_met"] and not missed["steady_met"]
+    assert missed["most_time"] == "CUDA-graph recording (calls until steady)"
+    train = bench.judge("train", {"cold": _route(20, 20, 5), "cache": _route(9, 9, 5)}, ["cache"])
+    assert train["first_step_share_of_cold"] == 0.45 and not train["first_output_met"]

@@ -99,7 +99,9 @@ def model_hash(model: Any) -> dict[str, str]:
             text = inspect.getsource(cls)
         except (OSError, TypeError):
             text = ""  # a class defined in a REPL: its name alone is hashed
-        code.update(f"{cls.__module__}.{cls.__qualname__}\n{text}".encode())
+        # The qualified name, not the module: a workload file is imported under a name that
+        # differs per process (loader.py), its classes the same.
+        code.update(f"{cls.__qualname__}\n{text}".encode())
     return {"params": params.hexdigest(), "code": code.hexdigest()}
 
 
