@@ -145,8 +145,11 @@ def _order(routes: dict[str, dict[str, Any]]) -> list[str]:
         r = routes.get(name)
         if not r or not r.get("ok") or r.get("route") != name or not r.get("matches_cold", True):
             continue
-        ms = r["steady_ms"]["median"]
-        (slow if cold_ms and ms > cold_ms * (1 + STEADY_SLACK) else good).append(name)
+        # Slower only when even its fastest rep is: the cache route runs the cold compile's
+        # very kernels, yet its median step was 9% slower in its own process (0.450 vs
+        # 0.414 ms, tiny MLP, a shared 2-core host, torch 2.14.1).
+        fastest = min(r["steady_ms"].get("samples") or [r["steady_ms"]["median"]])
+        (slow if cold_ms and fastest > cold_ms * (1 + STEADY_SLACK) else good).append(name)
     key = lambda n: routes[n]["first_fast_s"]  # noqa: E731
     return sorted(good, key=key) + sorted(slow, key=key)
 

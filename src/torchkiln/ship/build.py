@@ -126,10 +126,6 @@ def build(job: dict[str, Any]) -> dict[str, Any]:
         else:
             (to / CACHE_FILE).write_bytes(saved[0])
             out["artifacts"]["cache"] = {"file": CACHE_FILE}
-            from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-            if _archive_kernels(Path(cache_dir()), to / KERNELS_FILE):
-                out["artifacts"]["kernels"] = {"file": KERNELS_FILE}
     if package in ("auto", "aoti"):
         if step != "infer":
             out["export"] = {
@@ -158,6 +154,11 @@ def build(job: dict[str, Any]) -> dict[str, Any]:
             if built is not None:
                 out["artifacts"]["aoti"] = {"file": AOTI_FILE, **built}
             out["export"] = why
+    # Last, so that it holds what every route compiled (the package's ISA probes included).
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    if out["artifacts"] and _archive_kernels(Path(cache_dir()), to / KERNELS_FILE):
+        out["artifacts"]["kernels"] = {"file": KERNELS_FILE}
     return out
 
 
