@@ -170,7 +170,11 @@ def load(ship_dir: str | Path, model: Any, *, route: str | None = None) -> Shipp
         chosen = (r, run, f"the {r} artifact fits this environment and model")
         break
     if chosen is None:
-        reason = "cold compile" + (": " + "; ".join(notes) if notes else " (asked for)")
+        if route == "cold":
+            notes = ["asked for"]
+        elif not notes:
+            notes = ["`kiln ship` measured no artifact route as fit to serve (route_order)"]
+        reason = "cold compile: " + "; ".join(notes)
         chosen = ("cold", apply(model, doc["spec"], doc["device"]), reason)
     elif notes:
         chosen = (chosen[0], chosen[1], chosen[2] + " (" + "; ".join(notes) + ")")
