@@ -120,8 +120,11 @@ def build(job: dict[str, Any]) -> dict[str, Any]:
             else:
                 train_call(shipped, wl, batch, device)
         phases["warm_s"] = time.perf_counter() - t
-        saved = torch.compiler.save_cache_artifacts()
-        if saved is None:
+        save = getattr(torch.compiler, "save_cache_artifacts", None)
+        saved = save() if save is not None else None
+        if save is None:
+            out["cache_note"] = f"torch {torch.__version__} has no Mega-Cache to save"
+        elif saved is None:
             out["cache_note"] = "the compiler left nothing to save (nothing was compiled)"
         else:
             (to / CACHE_FILE).write_bytes(saved[0])

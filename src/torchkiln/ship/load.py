@@ -136,6 +136,8 @@ def load(ship_dir: str | Path, model: Any, *, route: str | None = None) -> Shipp
     """The shipped pick applied to ``model``. ``route`` forces one of ROUTES (the default takes
     the manifest's order, measured by `kiln ship`). Raises ShipIntegrityError for an altered
     artifact and ShipManifestError for a directory that is not a ship directory."""
+    import torch
+
     from torchkiln.tune.recommend import apply
 
     if route is not None and route not in ROUTES:
@@ -162,6 +164,9 @@ def load(ship_dir: str | Path, model: Any, *, route: str | None = None) -> Shipp
             )
             notes.append(f"artifacts do not fit ({msg})")
             break
+        if r == "cache" and not hasattr(torch.compiler, "load_cache_artifacts"):
+            notes.append(f"torch {torch.__version__} cannot load a compile-cache artifact")
+            continue
         if r not in arts:
             why = (doc.get("export") or {}).get("reason") if r == "aoti" else None
             notes.append(f"no {r} artifact" + (f" ({why})" if why else ""))
