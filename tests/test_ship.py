@@ -267,3 +267,21 @@ def test_tune_takes_ship_and_the_cli_lists_the_ship_command():
     assert parser.parse_args(["tune", "simple", "--ship"]).ship is True
     args = parser.parse_args(["ship", "runs/x", "--package", "cache", "--to", "d"])
     assert (args.package, args.to, args.check) == ("cache", "d", False)
+
+
+def test_the_load_order_puts_slower_or_differing_routes_last_and_failed_ones_out():
+    from torchkiln.ship.api import _order
+
+    def r(name, first_fast, samples, same=True, ok=True):
+        steady = {"median": statistics.median(samples), "samples": samples}
+        return {"ok": ok, "route": name, "first_fast_s": first_fast, "steady_ms": steady} | (
+            {"matches_cold": same}
+        )
+
+    cold = r("cold", 30.0, [1.0, 1.0, 1.0])
+    fast = {"cold": cold, "aoti": r("aoti", 1.0, [1.0, 1.01]), "cache": r("cache", 5.0, [1.0])}
+    assert _order(fast) == ["aoti", "cache"]
+    slow = {**fast, "aoti": r("aoti", 1.0, [1.3, 1.4])}  # even its fastest rep is slower
+    assert _order(slow) == ["cache", "aoti"]
+    assert _order({**fast, "aoti": r("aoti", 1.0, [1.0], same=False)}) == ["cache"]
+    assert _order({**fast, "cache": r("cache", 5.0, [1.0], ok=False)}) == ["aoti"]
