@@ -274,9 +274,13 @@ def test_the_load_order_puts_slower_or_differing_routes_last_and_failed_ones_out
 
     def r(name, first_fast, samples, same=True, ok=True):
         steady = {"median": statistics.median(samples), "samples": samples}
-        return {"ok": ok, "route": name, "first_fast_s": first_fast, "steady_ms": steady} | (
-            {"matches_cold": same}
-        )
+        return {
+            "ok": ok,
+            "route": name,
+            "first_fast_s": first_fast,
+            "steady_ms": steady,
+            "matches_cold": same,
+        }
 
     cold = r("cold", 30.0, [1.0, 1.0, 1.0])
     fast = {"cold": cold, "aoti": r("aoti", 1.0, [1.0, 1.01]), "cache": r("cache", 5.0, [1.0])}
