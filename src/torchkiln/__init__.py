@@ -6,7 +6,15 @@ __version__ = "0.1.0"
 
 # The public API is imported lazily so that `import torchkiln` stays cheap (no torch import) for
 # the CLI's argument parsing and for trial workers that set the environment before torch loads.
-__all__ = ["bench", "tune", "Workload", "register_workload", "parse_variant", "__version__"]
+__all__ = [
+    "bench",
+    "tune",
+    "load",
+    "Workload",
+    "register_workload",
+    "parse_variant",
+    "__version__",
+]
 
 
 def __getattr__(name: str):
@@ -22,6 +30,10 @@ def __getattr__(name: str):
         from torchkiln import workloads
 
         return getattr(workloads, name)
+    if name == "load":
+        from torchkiln.ship.load import load
+
+        return load
     if name == "parse_variant":
         from torchkiln.variants import parse_variant
 

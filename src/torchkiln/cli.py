@@ -223,6 +223,11 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="report directory (default kiln-runs/tune-...)")
     p.add_argument("--reps", type=int, default=None)
     _add_history_options(p)
+    p.add_argument(
+        "--ship",
+        action="store_true",
+        help="then ship the pick to OUT/ship (as `kiln ship OUT`)",
+    )
 
 
 class _TuneProgress:
@@ -352,6 +357,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     print("\n".join(summary_lines(doc, out)))
     _print_history(doc)
+    if args.ship:
+        from torchkiln.ship import cli as ship_cli
+
+        return ship_cli.run(
+            argparse.Namespace(dir=out, to=None, package="auto", check=False, no_measure=False)
+        )
     return 0
 
 
@@ -454,6 +465,12 @@ def build_parser() -> argparse.ArgumentParser:
         "serve-bench",
         "torchkiln.serve.bench",
         "replay a request trace: eager, torch.compile, bucketed",
+    )
+    _add_module_command(
+        sub,
+        "ship",
+        "torchkiln.ship.cli",
+        "ship a tune's pick: module, manifest, compiled artifacts; --check DIR",
     )
     kernels = sub.add_parser("kernels", help="kiln's Triton kernels")
     ksub = kernels.add_subparsers(dest="kernels_command", required=True)

@@ -117,6 +117,9 @@ def markdown(doc: dict[str, Any]) -> str:
         out += ["| " + " | ".join(_md(r[h]) for h in heads) + " |" for r in versus]
         out.append("")
     out += ["## Evidence", "", *evidence.render_md(evidence.evidence_lines(doc))]
+    from torchkiln.ship.report import markdown_section
+
+    out += markdown_section(doc.get("ship"))  # `kiln ship RUN_DIR` adds it
     return "\n".join(out) + "\n"
 
 

@@ -376,6 +376,7 @@ def tune(
         "step": step,
         "device": device,
         "preset": preset,
+        "batch_size": batch_size,
         "budget_s": budget_s,
         "steps": steps,
         "allow_precision": sorted(allow_precision),

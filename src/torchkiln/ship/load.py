@@ -1,0 +1,189 @@
+"""`torchkiln.load(DIR, model)`: the shipped pick in a production process, through the fastest
+route that fits: the AOTInductor package, else the compile cache, else a cold compile.
+
+Which route and why is logged, and kept on the returned object (`kiln_route`, `kiln_reason`).
+A manifest that does not fit (other torch, GPU, model) is a warning and a cold compile: the
+result is the model's, only its first call is slower. An artifact whose bytes differ from the
+manifest's sha256 is refused: `ShipIntegrityError`, raised before anything reads it, as loading
+altered compiled code could run anything."""
+
+from __future__ import annotations
+
+import logging
+import tarfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from torchkiln.ship.manifest import (
+    environment,
+    mismatches,
+    model_hash,
+    read_manifest,
+    verify_artifact,
+)
+
+log = logging.getLogger("torchkiln.ship")
+ROUTES = ("aoti", "cache", "cold")
+
+
+class ShipFallbackWarning(UserWarning):
+    """The shipped artifacts do not fit this process; the model is compiled cold instead."""
+
+
+def to_layout(x: Any, channels_last: bool) -> Any:
+    """4-D float inputs in channels_last when the pick is, as the tune measured them."""
+    import torch
+
+    if channels_last and isinstance(x, torch.Tensor) and x.dim() == 4 and x.is_floating_point():
+        return x.contiguous(memory_format=torch.channels_last)
+    return x
+
+
+class Shipped:
+    """The model, ready to call, as a route of the ship directory made it. Inference calls run
+    under no_grad, and every call under the pick's precision flags and autocast."""
+
+    def __init__(self, run: Any, doc: dict[str, Any], route: str, reason: str) -> None:
+        import torch
+
+        from torchkiln.runner.settings import autocast, precision_flags
+        from torchkiln.variants import parse_variant
+
+        self._run = run
+        self.variant = parse_variant(doc["spec"])
+        device = doc.get("device", "cpu")
+        self._autocast = lambda: autocast(device, self.variant.precision)
+        self._flags = lambda: precision_flags(self.variant.precision)
+        self._grad = torch.no_grad if doc.get("step") == "infer" else torch.enable_grad
+        self.kiln_route = route
+        self.kiln_reason = reason
+        self.kiln_manifest = doc
+        self.kiln_load_s = 0.0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        cl = self.variant.channels_last
+        args = tuple(to_layout(a, cl) for a in args)
+        kwargs = {k: to_layout(v, cl) for k, v in kwargs.items()}
+        self.variant.backend.before_step()
+        with self._grad(), self._flags(), self._autocast():
+            return self._run(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"Shipped(spec={self.variant.spec!r}, route={self.kiln_route!r})"
+
+
+def _fit(doc: dict[str, Any], model: Any) -> list[str]:
+    """What keeps the artifacts from this process: environment fields, then the model."""
+    problems = [
+        str(m) for m in mismatches(doc.get("environment") or {}, environment(doc["device"]))
+    ]
+    param = next(iter(model.parameters()), None)
+    if param is not None and param.device.type != doc["device"].split(":")[0]:
+        problems.append(f"device: built for {doc['device']!r}, the model is on {param.device}")
+    built = doc.get("model_hash") or {}
+    here = model_hash(model)
+    for part in ("params", "code"):
+        if built.get(part) != here[part]:
+            what = "weights" if part == "params" else "module source"
+            problems.append(f"model {part} hash: the model's {what} differ from the shipped one's")
+    return problems
+
+
+def _extract_kernels(path: Path) -> None:
+    """Inductor's compiled kernels (the C++ or Triton binaries its cache entries point to) into
+    this process's Inductor cache; files already there are kept. Keys are hashes of the source
+    and compile command, so an entry can only be used by the very code it was built from."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    root = Path(cache_dir())
+    with tarfile.open(path) as tar:
+        members = [m for m in tar.getmembers() if not (root / m.name).exists()]
+        # The "data" filter (Python 3.11.4+) refuses links and paths outside ``root``.
+        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tar.extractall(root, members=members, **safe)
+
+
+def _load_cache(ship_dir: Path, doc: dict[str, Any], model: Any) -> Any:
+    import torch
+
+    from torchkiln.tune.recommend import apply
+
+    arts = doc["artifacts"]
+    blob = verify_artifact(ship_dir, arts["cache"]).read_bytes()
+    kernels = verify_artifact(ship_dir, arts["kernels"]) if "kernels" in arts else None
+    torch.compiler.load_cache_artifacts(blob)
+    if kernels is not None:
+        _extract_kernels(kernels)
+    return apply(model, doc["spec"], doc["device"])
+
+
+def _load_aoti(ship_dir: Path, doc: dict[str, Any]) -> Any:
+    import torch
+
+    arts = doc["artifacts"]
+    path = verify_artifact(ship_dir, arts["aoti"])
+    if "kernels" in arts:
+        # Loading a package checks which vector ISA this CPU builds for by compiling a probe
+        # per ISA, on a GPU host too: 56 s of a 57 s load with an empty Inductor cache (tiny
+        # MLP, 2 shared cores, torch 2.14.1). The build's probes are in the kernels archive.
+        _extract_kernels(verify_artifact(ship_dir, arts["kernels"]))
+    return torch._inductor.aoti_load_package(str(path))
+
+
+def load(ship_dir: str | Path, model: Any, *, route: str | None = None) -> Shipped:
+    """The shipped pick applied to ``model``. ``route`` forces one of ROUTES (the default takes
+    the manifest's order, measured by `kiln ship`). Raises ShipIntegrityError for an altered
+    artifact and ShipManifestError for a directory that is not a ship directory."""
+    import torch
+
+    from torchkiln.tune.recommend import apply
+
+    if route is not None and route not in ROUTES:
+        raise ValueError(f"route={route!r}; choose from {list(ROUTES)}")
+    ship_dir = Path(ship_dir)
+    doc = read_manifest(ship_dir)
+    if doc.get("step") == "infer":
+        model.eval()
+    t0 = time.perf_counter()
+    problems = _fit(doc, model) if route != "cold" else []
+    arts = doc.get("artifacts") or {}
+    order = [route] if route else [*doc.get("route_order", ["aoti", "cache"]), "cold"]
+    notes: list[str] = []
+    chosen: tuple[str, Any, str] | None = None
+    for r in order:
+        if r == "cold":
+            break
+        if problems:
+            msg = "; ".join(problems)
+            warnings.warn(
+                f"kiln ship {ship_dir}: compiling cold, the artifacts do not fit: {msg}",
+                ShipFallbackWarning,
+                stacklevel=2,
+            )
+            notes.append(f"artifacts do not fit ({msg})")
+            break
+        if r == "cache" and not hasattr(torch.compiler, "load_cache_artifacts"):
+            notes.append(f"torch {torch.__version__} cannot load a compile-cache artifact")
+            continue
+        if r not in arts:
+            why = (doc.get("export") or {}).get("reason") if r == "aoti" else None
+            notes.append(f"no {r} artifact" + (f" ({why})" if why else ""))
+            continue
+        run = _load_aoti(ship_dir, doc) if r == "aoti" else _load_cache(ship_dir, doc, model)
+        chosen = (r, run, f"the {r} artifact fits this environment and model")
+        break
+    if chosen is None:
+        if route == "cold":
+            notes = ["asked for"]
+        elif not notes:
+            notes = ["`kiln ship` measured no artifact route as fit to serve (route_order)"]
+        reason = "cold compile: " + "; ".join(notes)
+        chosen = ("cold", apply(model, doc["spec"], doc["device"]), reason)
+    elif notes:
+        chosen = (chosen[0], chosen[1], chosen[2] + " (" + "; ".join(notes) + ")")
+    shipped = Shipped(chosen[1], doc, chosen[0], chosen[2])
+    shipped.kiln_load_s = time.perf_counter() - t0
+    log.info("kiln ship %s: route %s: %s", ship_dir, shipped.kiln_route, shipped.kiln_reason)
+    return shipped

@@ -1,0 +1,123 @@
+"""One route measured as production meets it: ``python -m torchkiln.ship.probe JOB.json OUT.json``.
+
+A fresh process with an empty compile cache builds the workload's model, calls
+`torchkiln.load(DIR, model, route=...)`, and times the load, the first call, each of the next
+calls (under CUDA graphs the graph is recorded on a later call, so the first fast output can
+come after the first call), and the steady step with kiln's StepTimer. Where Dynamo keeps them,
+the seconds of each compile phase are kept too, to say where a slow first call goes."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+EARLY_CALLS = 5
+STEADY_REPS = 7
+STEADY_REP_MS = 100.0
+
+
+def _compile_phases() -> dict[str, float]:
+    """Dynamo's per-phase compile seconds (tracing, AOT, Inductor, ...), where it keeps them."""
+    from torch._dynamo import utils
+
+    spent = getattr(utils, "calculate_time_spent", None)
+    if spent is None:
+        return {}
+    try:
+        return {str(k): round(float(v), 4) for k, v in spent().items()}
+    except (TypeError, ValueError, AttributeError) as exc:
+        return {"unavailable": str(exc)}
+
+
+def measure(job: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from torchkiln.measure.timer import StepTimer, calibrate_steps
+    from torchkiln.runner.settings import map_tensors, seed_everything
+    from torchkiln.ship.build import call, train_call
+    from torchkiln.ship.load import load
+    from torchkiln.ship.manifest import read_manifest
+    from torchkiln.workloads import load_workload
+
+    ship_dir = Path(job["ship_dir"])
+    m = read_manifest(ship_dir)
+    device, step = m["device"], m["step"]
+    seed_everything(m.get("seed", 0))
+    wl = load_workload(m["workload"], preset=m["preset"], batch_size=m.get("batch_size"), step=step)
+    model = wl.model.to(device)
+    if step == "train":
+        model.train()
+    inputs = map_tensors(wl.example_inputs, lambda t: t.to(device))
+    timer = StepTimer(device)
+    t0 = time.perf_counter()
+    shipped = load(ship_dir, model, route=job["route"])
+    load_s = time.perf_counter() - t0
+
+    def one() -> Any:
+        if step == "infer":
+            return call(shipped, inputs)
+        return train_call(shipped, wl, inputs, device)
+
+    first_s, out = timer.time_once_s(one)
+    if job.get("output"):
+        torch.save(map_tensors(_first_tensor(out), lambda t: t.detach().cpu()), job["output"])
+    early = [timer.time_once_s(one)[0] * 1e3 for _ in range(EARLY_CALLS)]
+    phases = _compile_phases()
+    steps = calibrate_steps(timer, one, STEADY_REP_MS)
+    samples = [timer.time(one, steps) for _ in range(STEADY_REPS)]
+    steady = statistics.median(samples)
+    # The first fast output: the first call, or the later one from which calls run near steady.
+    fast_at, elapsed = 0, first_s
+    if first_s * 1e3 > 2 * steady + 1.0:
+        for i, ms in enumerate(early, start=1):
+            elapsed += ms / 1e3
+            if ms <= 2 * steady + 1.0:
+                fast_at = i
+                break
+    return {
+        "route": shipped.kiln_route,
+        "reason": shipped.kiln_reason,
+        "load_s": load_s,
+        "first_call_s": first_s,
+        "first_fast_s": load_s + elapsed,
+        "first_fast_call": fast_at + 1,
+        "early_calls_ms": early,
+        "steady_ms": {"median": steady, "samples": samples, "steps_per_rep": steps},
+        "compile_phases_s": phases,
+    }
+
+
+def _first_tensor(out: Any) -> Any:
+    """The output's tensors (logits of a Hugging Face output, the loss of a training step)."""
+    if hasattr(out, "to_tuple"):
+        out = out.to_tuple()
+    return out
+
+
+def main(argv: list[str]) -> int:
+    job_path, result_path = argv
+    from torchkiln.runner.orphan import exit_with_launcher
+    from torchkiln.runner.worker import write_json
+
+    exit_with_launcher()
+    job = json.loads(Path(job_path).read_text())
+    try:
+        result = {"ok": True, **measure(job)}
+    except Exception as exc:  # noqa: BLE001  (the parent reports it with its reason)
+        result = {
+            "ok": False,
+            "route": job.get("route"),
+            "error": f"{type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc()[-4000:],
+        }
+    write_json(result_path, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

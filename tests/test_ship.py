@@ -1,0 +1,291 @@
+"""`kiln ship` and `torchkiln.load`: a tiny MLP shipped on Inductor's C++ backend, its routes
+measured in fresh processes, and the manifest's checks (environment, model, artifact bytes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import warnings
+from pathlib import Path
+
+import pytest
+
+from tests_helpers import _trial, synthetic_tune_doc
+from torchkiln.cli import main
+
+MLP = str(Path(__file__).parent / "fixtures" / "ship_mlp.py") + ":mlp"
+
+
+def _run_dir(path: Path, best: str | None = "inductor", passed: bool = True) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    doc = synthetic_tune_doc()
+    trial = _trial("inductor", 1.0, 1.5, 2.0)
+    trial["correctness"]["passed"] = passed
+    doc.update(workload=MLP, preset="tiny", device="cpu", step="infer", trials=[trial])
+    doc["selection"] = {**doc["selection"], "best": best}
+    doc["head_to_head_trials"] = []
+    (path / "results.json").write_text(json.dumps(doc))
+    (path / "report.md").write_text("# report\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory) -> tuple[Path, Path]:
+    """One ship of the MLP, every route (cold, compile cache, AOTInductor) measured."""
+    run = _run_dir(tmp_path_factory.mktemp("ship") / "run")
+    assert main(["ship", str(run)]) == 0
+    return run, run / "ship"
+
+
+def _manifest(ship_dir: Path) -> dict:
+    return json.loads((ship_dir / "manifest.json").read_text())
+
+
+def _model(seed: int = 0):
+    from torchkiln.runner.settings import seed_everything
+    from torchkiln.workloads import load_workload
+
+    seed_everything(seed)
+    return load_workload(MLP, preset="tiny", step="infer").model
+
+
+def test_ship_writes_the_module_the_manifest_and_the_artifacts(shipped):
+    run, ship_dir = shipped
+    m = _manifest(ship_dir)
+    assert m["spec"] == "inductor" and m["workload"] == MLP
+    for field in ("kiln", "torch", "python", "cpu_capability"):
+        assert field in m["environment"]
+    assert set(m["model_hash"]) == {"params", "code"}
+    assert m["shapes"] == [[[4, 16]]]
+    assert {"cache", "kernels", "aoti"} <= set(m["artifacts"])
+    for entry in m["artifacts"].values():
+        assert len(entry["sha256"]) == 64 and (ship_dir / entry["file"]).stat().st_size
+    text = (ship_dir / "pick.py").read_text()
+    assert "SPEC = 'inductor'" in text and "torch.compile(model)" in text
+    assert "## Shipped" in (run / "report.md").read_text()
+    assert json.loads((run / "results.json").read_text())["ship"]["spec"] == "inductor"
+
+
+def test_each_route_in_a_fresh_process_gives_the_compiled_models_outputs(shipped):
+    routes = _manifest(shipped[1])["routes"]
+    assert set(routes) == {"cold", "cache", "aoti"}
+    for name, r in routes.items():
+        assert r["ok"], r
+        assert r["route"] == name
+        assert r["steady_ms"]["median"] > 0 and r["first_call_s"] > 0
+    for name in ("cache", "aoti"):
+        assert routes[name]["matches_cold"], routes[name]
+        assert routes[name]["max_abs_diff"] <= 1e-4
+
+
+def test_the_cache_loaded_first_call_beats_a_cold_compile(shipped, tmp_path):
+    """The ratio the ship exists for, over three runs of each (medians), with generous slack:
+    each process has its own empty Inductor cache, so cold is cold."""
+    from torchkiln.ship.api import measure_routes
+
+    def until_first_output(r: dict) -> float:  # the artifact's loading counts
+        return r["load_s"] + r["first_call_s"]
+
+    routes = _manifest(shipped[1])["routes"]
+    cold = [until_first_output(routes["cold"])]
+    cache = [until_first_output(routes["cache"])]
+    for i in range(2):
+        got = measure_routes(shipped[1], tmp_path / str(i), ["cache"])
+        cold.append(until_first_output(got["cold"]))
+        cache.append(until_first_output(got["cache"]))
+    assert statistics.median(cache) < 0.9 * statistics.median(cold), (cache, cold)
+
+
+def _copy(ship_dir: Path, tmp_path: Path) -> Path:
+    dest = tmp_path / "ship"
+    shutil.copytree(ship_dir, dest)
+    return dest
+
+
+@pytest.mark.parametrize("tamper", ["torch", "model"])
+def test_a_manifest_that_does_not_fit_falls_back_to_a_cold_compile(shipped, tmp_path, tamper):
+    import torchkiln
+    from torchkiln.ship import ShipFallbackWarning
+
+    ship_dir = _copy(shipped[1], tmp_path)
+    m = _manifest(ship_dir)
+    if tamper == "torch":
+        m["environment"]["torch"] = "0.0.1"
+    model = _model(seed=0 if tamper == "torch" else 1)  # another seed: other weights
+    (ship_dir / "manifest.json").write_text(json.dumps(m))
+    with pytest.warns(ShipFallbackWarning, match="torch" if tamper == "torch" else "params"):
+        out = torchkiln.load(ship_dir, model)
+    assert out.kiln_route == "cold"
+    assert "do not fit" in out.kiln_reason
+
+
+def test_a_truncated_artifact_is_refused_and_never_loaded(shipped, tmp_path, monkeypatch):
+    import torch
+
+    import torchkiln
+    from torchkiln.ship import ShipIntegrityError
+
+    ship_dir = _copy(shipped[1], tmp_path)
+    m = _manifest(ship_dir)
+    m["route_order"] = ["cache"]
+    (ship_dir / "manifest.json").write_text(json.dumps(m))
+    blob = ship_dir / m["artifacts"]["cache"]["file"]
+    blob.write_bytes(blob.read_bytes()[:100])
+    calls = []
+    monkeypatch.setattr(torch.compiler, "load_cache_artifacts", lambda b: calls.append(b))
+    with pytest.raises(ShipIntegrityError, match="truncated or altered"):
+        torchkiln.load(ship_dir, _model())
+    assert calls == []
+    assert main(["ship", "--check", str(ship_dir)]) == 1
+
+
+def test_a_fitting_directory_loads_its_fastest_measured_route_and_says_so(shipped):
+    import torchkiln
+
+    out = torchkiln.load(shipped[1], _model(), route="cache")
+    assert out.kiln_route == "cache" and "fits" in out.kiln_reason
+    default = _manifest(shipped[1])["route_order"]
+    assert default and set(default) <= {"aoti", "cache"}
+
+
+def test_ship_check_exit_codes(shipped, tmp_path, capsys):
+    assert main(["ship", "--check", str(shipped[1])]) == 0
+    ship_dir = _copy(shipped[1], tmp_path)
+    m = _manifest(ship_dir)
+    m["environment"]["torch"] = "0.0.1"
+    (ship_dir / "manifest.json").write_text(json.dumps(m))
+    capsys.readouterr()
+    assert main(["ship", "--check", str(ship_dir)]) == 1
+    assert "torch: built with '0.0.1'" in capsys.readouterr().out
+    assert main(["ship", "--check", str(tmp_path)]) == 2
+
+
+def test_the_pick_module_applies_the_variant_from_the_registry(shipped, monkeypatch):
+    import importlib
+
+    monkeypatch.syspath_prepend(str(shipped[1].parent))
+    pick = importlib.import_module("ship.pick")
+    out = pick.apply(_model())
+    assert out.variant.spec == "inductor" and out.kiln_route == "cold"
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_bad_input_exits_2_with_one_line(tmp_path, capsys):
+    assert main(["ship", str(_run_dir(tmp_path / "nopick", best=None))]) == 2
+    assert "no pick" in _one_line_error(capsys)
+    assert main(["ship", str(_run_dir(tmp_path / "failed", passed=False))]) == 2
+    assert "correctness" in _one_line_error(capsys)
+    assert main(["ship", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in _one_line_error(capsys)
+    good = _run_dir(tmp_path / "good")
+    if os.geteuid() == 0:  # root writes anywhere a mode allows nothing: /proc refuses even root
+        ro = Path("/proc/kiln-ship")
+    else:
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o500)
+    assert main(["ship", str(good), "--to", str(ro)]) == 2
+    assert "cannot write there" in _one_line_error(capsys)
+
+
+def test_export_failures_are_diagnosed_with_their_remedy():
+    from torchkiln.ship.export import diagnose, dynamic_shapes, varying_dims
+
+    # What torch 2.14.1 raises exporting transformers 5.24's GPT2LMHeadModel as it comes.
+    met = RuntimeError(
+        "Found <class 'transformers.cache_utils.DynamicCache'> in output, which is not a known "
+        "type. If this type holds tensors, you need to register a pytree for it."
+    )
+    d = diagnose(met)
+    assert "use_cache = False" in d["remedy"] and "DynamicCache" in d["error"]
+    d = diagnose(RuntimeError("Constraints violated (in0_d1)! specialized to 128"))
+    assert "Dim" in d["remedy"]
+    ranges = varying_dims([[[8, 128]], [[8, 256]], [[8, 64]]])
+    assert ranges == {0: {1: (64, 256)}}
+    import torch
+
+    spec = dynamic_shapes((torch.zeros(8, 128),), ranges)
+    assert list(spec[0]) == [1] and spec[0][1].min == 64 and spec[0][1].max == 256
+    assert varying_dims([[[1, 2]]]) == {}
+
+
+def test_the_shipped_section_renders_each_route(shipped):
+    from torchkiln.ship.report import markdown_section, summary
+
+    m = _manifest(shipped[1])
+    lines = markdown_section(summary(m, shipped[1]))
+    assert lines[1] == "## Shipped"
+    assert sum(line.startswith("| ") and "= cold" in line for line in lines) == 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert markdown_section(None) == []
+
+
+def _route(first_fast_s, first_call_s, steady_ms, load_s=0.5):
+    return {
+        "ok": True,
+        "load_s": load_s,
+        "first_call_s": first_call_s,
+        "first_fast_s": first_fast_s,
+        "steady_ms": {"median": steady_ms},
+        "compile_phases_s": {
+            "entire_frame_compile": first_call_s * 0.9,
+            "backend_compile": first_call_s * 0.7,
+            "inductor_compile": first_call_s * 0.5,
+        },
+    }
+
+
+def test_bench_ship_judges_the_goals_and_names_the_phase_that_missed():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_ship.py"
+    spec = importlib.util.spec_from_file_location("bench_ship", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    routes = {"cold": _route(20.0, 19.0, 3.0), "cache": _route(4.0, 3.0, 3.03)}
+    ok = bench.judge("infer", routes, ["cache"])
+    assert ok["route"] == "cache" and ok["first_output_met"] and ok["steady_met"]
+    routes["cache"] = _route(9.0, 2.0, 3.2, load_s=1.0)  # 6 s after the first call: recording
+    missed = bench.judge("infer", routes, ["cache"])
+    assert not missed["first_output_met"] and not missed["steady_met"]
+    assert missed["most_time"] == "CUDA-graph recording (calls until steady)"
+    train = bench.judge("train", {"cold": _route(20, 20, 5), "cache": _route(9, 9, 5)}, ["cache"])
+    assert train["first_step_share_of_cold"] == 0.463 and not train["first_output_met"]
+
+
+def test_tune_takes_ship_and_the_cli_lists_the_ship_command():
+    from torchkiln.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["tune", "simple", "--ship"]).ship is True
+    args = parser.parse_args(["ship", "runs/x", "--package", "cache", "--to", "d"])
+    assert (args.package, args.to, args.check) == ("cache", "d", False)
+
+
+def test_the_load_order_puts_slower_or_differing_routes_last_and_failed_ones_out():
+    from torchkiln.ship.api import _order
+
+    def r(name, first_fast, samples, same=True, ok=True):
+        steady = {"median": statistics.median(samples), "samples": samples}
+        return {
+            "ok": ok,
+            "route": name,
+            "first_fast_s": first_fast,
+            "steady_ms": steady,
+            "matches_cold": same,
+        }
+
+    cold = r("cold", 30.0, [1.0, 1.0, 1.0])
+    fast = {"cold": cold, "aoti": r("aoti", 1.0, [1.0, 1.01]), "cache": r("cache", 5.0, [1.0])}
+    assert _order(fast) == ["aoti", "cache"]
+    slow = {**fast, "aoti": r("aoti", 1.0, [1.3, 1.4])}  # even its fastest rep is slower
+    assert _order(slow) == ["cache", "aoti"]
+    assert _order({**fast, "aoti": r("aoti", 1.0, [1.0], same=False)}) == ["cache"]
+    assert _order({**fast, "cache": r("cache", 5.0, [1.0], ok=False)}) == ["aoti"]
