@@ -65,7 +65,7 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
 
     first_s, out = timer.time_once_s(one)
     if job.get("output"):
-        torch.save(map_tensors(_first_tensor(out), lambda t: t.detach().cpu()), job["output"])
+        torch.save([t.detach().cpu() for t in _tensors(out)], job["output"])
     early = [timer.time_once_s(one)[0] * 1e3 for _ in range(EARLY_CALLS)]
     phases = _compile_phases()
     steps = calibrate_steps(timer, one, STEADY_REP_MS)
@@ -92,11 +92,21 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _first_tensor(out: Any) -> Any:
-    """The output's tensors (logits of a Hugging Face output, the loss of a training step)."""
+def _tensors(out: Any) -> list[Any]:
+    """The output's tensors, flat (logits of a Hugging Face output, the loss of a training step).
+    Other objects in it (a decoder's DynamicCache) are left out: the file must load with
+    `torch.load(weights_only=True)`."""
+    import torch
+
     if hasattr(out, "to_tuple"):
         out = out.to_tuple()
-    return out
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, (tuple, list)):
+        return [t for v in out for t in _tensors(v)]
+    return []
 
 
 def main(argv: list[str]) -> int:
