@@ -173,17 +173,21 @@ def main(argv: list[str] | None = None) -> int:
     from torchkiln.ship.manifest import environment
 
     env = environment(args.device)
-    results = []
-    with tempfile.TemporaryDirectory(prefix="bench-ship-") as tmp:
-        for name in cases:
-            res = run_case(name, args, Path(tmp))
-            print(json.dumps({"case": name, "goals": res.get("goals"), "error": res.get("error")}))
-            results.append(res)
     gpu = re.sub(r"[^A-Za-z0-9]+", "-", env.get("gpu") or "cpu")
     out = Path(args.out or HERE.parent / "results" / "ship" / gpu / "ship.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     doc = {"benchmark": "ship", "environment": env, "spec": args.spec, "preset": args.preset}
-    out.write_text(json.dumps({**doc, "cases": results}, indent=2))
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench-ship-") as tmp:
+        for name in cases:
+            try:
+                res = run_case(name, args, Path(tmp))
+            except Exception as e:  # noqa: BLE001 - a failed case is a result, the others go on
+                res = {"case": name, "error": f"{type(e).__name__}: {e}"}
+            print(json.dumps({"case": name, "goals": res.get("goals"), "error": res.get("error")}))
+            results.append(res)
+            # Rewritten after every case: a run stopped by a time limit keeps what it measured.
+            out.write_text(json.dumps({**doc, "cases": results}, indent=2))
     print(f"wrote {out}")
     return 0
 
