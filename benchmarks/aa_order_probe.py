@@ -30,9 +30,9 @@ sys.path.insert(0, str(ROOT / "src"))
 from torchkiln.measure.environment import collect as collect_environment  # noqa: E402
 from torchkiln.measure.stats import paired_speedup  # noqa: E402
 from torchkiln.measure.timer import calibrate_steps, time_round_robin  # noqa: E402
-from torchkiln.runner.executable import build_arm  # noqa: E402
-from torchkiln.runner.settings import autocast, call_model, seed_everything  # noqa: E402
-from torchkiln.runner.trial import TrialSpec  # noqa: E402
+from torchkiln.runner.protocol.executable import build_arm  # noqa: E402
+from torchkiln.runner.protocol.settings import autocast, call_model, seed_everything  # noqa: E402
+from torchkiln.runner.protocol.trial import TrialSpec  # noqa: E402
 from torchkiln.workloads import load_workload  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

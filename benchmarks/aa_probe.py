@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT / "src"))
 from torchkiln.measure.environment import collect as collect_environment  # noqa: E402
 from torchkiln.measure.stats import paired_speedup  # noqa: E402
 from torchkiln.measure.timer import StepTimer, calibrate_steps, time_round_robin  # noqa: E402
-from torchkiln.runner.executable import build_arm  # noqa: E402
-from torchkiln.runner.trial import TrialSpec  # noqa: E402
+from torchkiln.runner.protocol.executable import build_arm  # noqa: E402
+from torchkiln.runner.protocol.trial import TrialSpec  # noqa: E402
 from torchkiln.variants import Variant, parse_variant  # noqa: E402
 
 

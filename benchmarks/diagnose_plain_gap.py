@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plain_loop import build, time_rep  # noqa: E402
 from torchkiln.measure.kernels import kernels_per_step  # noqa: E402
 from torchkiln.measure.timer import StepTimer  # noqa: E402
-from torchkiln.runner.executable import build_arm  # noqa: E402
-from torchkiln.runner.trial import TrialSpec  # noqa: E402
+from torchkiln.runner.protocol.executable import build_arm  # noqa: E402
+from torchkiln.runner.protocol.trial import TrialSpec  # noqa: E402
 from torchkiln.variants import parse_variant  # noqa: E402
 
 

@@ -7,7 +7,7 @@ code in the timed steps), bert-base (16 x 128) with SGD (momentum 0.9), bf16 aut
      kernels per step by name (torch.profiler, 5 steps)
   B  A with SGD(fused=True)
   C  reduce-overhead over the whole step, optimizer included, after one eager step (so the
-     optimizer's state exists before the CUDA graphs are captured: runner/optim_state.py)
+     optimizer's state exists before the CUDA graphs are captured: runner/protocol/optim_state.py)
   D  A with torch.compile(optimizer.step) (default mode)
   E  the whole step in default mode, after one eager step
   F  C with Inductor's combo kernels (independent kernels fused side by side: fewer launches

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchkiln.runner.orphan import launcher_env
+from torchkiln.runner.launch.orphan import launcher_env
 
 # src/ (or site-packages/) holding the torchkiln package, so children import this same copy.
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])

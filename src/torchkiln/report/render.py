@@ -8,7 +8,8 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from torchkiln.report import compare_xla, svg
+from torchkiln.backends.xla import compare as compare_xla
+from torchkiln.report import svg
 from torchkiln.report.table import fmt_accuracy, fmt_memory, fmt_ms, fmt_speedup, fmt_tflops
 from torchkiln.tune.select import step_s
 
@@ -26,7 +27,8 @@ def trial_rows(doc: dict[str, Any]) -> list[dict[str, str]]:
     be = (doc.get("selection") or {}).get("break_even_steps") or {}
     rows = []
     for r in doc["trials"]:
-        # A trial stopped after its timing (runner.launch) shows what it measured beside why.
+        # A trial stopped after its timing (runner.launch.trial_process) shows what it measured
+        # beside why.
         shown = r["status"] in ("ok", "accuracy_fail") or bool(r.get("measured_before_failure"))
         b = be.get(r["variant"])
         failed = r["status"] not in ("ok", "accuracy_fail")
@@ -166,7 +168,7 @@ def markdown(doc: dict[str, Any]) -> str:
 
 def host_waits(doc: dict[str, Any]) -> list[tuple[float, str]]:
     """(seconds, variant) of every trial that waited for its turn on the host (the `host_wait`
-    phase of trials run side by side, runner/host_lock.py), search and head-to-head alike."""
+    phase of trials run side by side, runner/launch/host_lock.py), search and head-to-head alike."""
     trials = [*doc["trials"], *(doc.get("head_to_head_trials") or [])]
     waits = [((r.get("phase_s") or {}).get("host_wait") or 0.0, r["variant"]) for r in trials]
     return [(w, v) for w, v in waits if w >= 0.5]

@@ -58,7 +58,7 @@ def fmt_accuracy(r: dict) -> str:
 def rows(doc: dict[str, Any]) -> list[list[str]]:
     out = []
     for r in doc["trials"]:
-        # A trial stopped after its timing keeps its step times (runner.launch).
+        # A trial stopped after its timing keeps its step times (runner.launch.trial_process).
         if r["status"] not in ("ok", "accuracy_fail") and not r.get("measured_before_failure"):
             out.append([r["variant"], r["status"], r.get("reason") or "", "", "", "", "", "", ""])
             continue
@@ -111,7 +111,7 @@ def render(doc: dict[str, Any], console: Any = None) -> None:
     for row in rows(doc):
         table.add_row(*row)
     console.print(table)
-    from torchkiln.report import compare_xla
+    from torchkiln.backends.xla import compare as compare_xla
 
     versus = compare_xla.rows(doc)
     if versus:

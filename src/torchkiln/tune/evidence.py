@@ -11,7 +11,7 @@ import shutil
 from typing import Any
 
 from torchkiln.errors import KilnUserError
-from torchkiln.runner.trial import TrialSpec
+from torchkiln.runner.protocol.trial import TrialSpec
 
 
 def environment_check(device: str) -> dict[str, Any]:

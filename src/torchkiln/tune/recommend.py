@@ -158,7 +158,7 @@ class _Tuned:
     def __init__(self, model: Any, spec: str, device: str) -> None:
         import torch
 
-        from torchkiln.runner.settings import autocast, precision_flags
+        from torchkiln.runner.protocol.settings import autocast, precision_flags
 
         v = parse_variant(spec)
         if v.channels_last:

@@ -217,7 +217,7 @@ def refinements(leader_spec: str, ev: Evidence) -> list[Candidate]:
         spec = parse_variant(_add_knob(leader_spec, freezing="true")).spec
         out.append(Candidate(spec, "the leader with its weights frozen (freezing)", -100.0, factor))
     # Under CUDA graphs too, now that the optimizer's state is made before the step is
-    # compiled (runner.optim_state): without it reduce-overhead over the whole step failed.
+    # compiled (runner.protocol.optim_state): without it reduce-overhead over the whole step failed.
     if (
         ev.step == "train"
         and v.backend.scope == "model"

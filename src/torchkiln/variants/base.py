@@ -123,10 +123,8 @@ def load_plugins(spec: str | None = None) -> None:
 
 def backends() -> dict[str, type[Backend]]:
     global _plugins_loaded
-    from torchkiln.variants import (
-        builtin,  # noqa: F401  (registers eager, inductor, cudagraphs)
-        xla,  # noqa: F401  (registers xla; jax is imported lazily)
-    )
+    from torchkiln.backends.xla import config  # noqa: F401  (registers xla; jax is lazy)
+    from torchkiln.variants import builtin  # noqa: F401  (registers eager, inductor, cudagraphs)
 
     if not _plugins_loaded:
         _plugins_loaded = True

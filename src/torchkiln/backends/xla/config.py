@@ -1,6 +1,6 @@
 """The `xla` backend: the model run as JAX functions (torchax) compiled whole by XLA (jax.jit).
 
-Trials build an xla arm in `runner/xla_arm.py`; jax and torchax are imported only there."""
+Trials build an xla arm in `backends/xla/arm.py`; jax and torchax are imported only there."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ class Xla(Backend):
 
     def wrap(self, fn: Callable[..., Any], *, compile_scope: str) -> Callable[..., Any]:
         # Importing torchax breaks torch.compile in the importing process, so the xla route
-        # runs only inside a trial process (runner/xla_arm.py), never in the caller's.
+        # runs only inside a trial process (backends/xla/arm.py), never in the caller's.
         raise UnsupportedVariant(
             "xla runs only inside kiln's trial processes (torchax's import breaks "
             "torch.compile in the process that imports it); use `kiln bench --variants xla`"

@@ -7,8 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from torchkiln.runner.optim_state import CannotPrime, prime_optimizer_state
-from torchkiln.runner.settings import (
+from torchkiln.runner.protocol.optim_state import CannotPrime, prime_optimizer_state
+from torchkiln.runner.protocol.settings import (
     autocast,
     call_model,
     disable_dropout,
@@ -16,7 +16,7 @@ from torchkiln.runner.settings import (
     precision_flags,
     seed_everything,
 )
-from torchkiln.runner.trial import TrialSpec
+from torchkiln.runner.protocol.trial import TrialSpec
 from torchkiln.variants import Variant
 from torchkiln.workloads import Workload, load_workload
 
@@ -98,8 +98,8 @@ def _prepare_inputs(inputs: Any, device: str, fp64: bool, channels_last: bool) -
 
 
 def _prime_for_step_scope(optimizer: Any, backend: Any, device: str) -> None:
-    """The optimizer's state made before the whole step is compiled (runner.optim_state says
-    why). Required under CUDA graphs; elsewhere it saves a recompile, and an optimizer that
+    """The optimizer's state made before the whole step is compiled (runner.protocol.optim_state
+    says why). Required under CUDA graphs; elsewhere it saves a recompile, and an optimizer that
     cannot be primed is left to create its state inside the compiled step, as before."""
     graphs = backend.name == "cudagraphs" or getattr(backend, "uses_cudagraphs", False)
     try:
@@ -126,7 +126,7 @@ def build_arm(
 
     if variant.backend.name == "xla":
         # Hook for the xla backend: its arm is a JAX function (torchax + jax.jit), built apart.
-        from torchkiln.runner.xla_arm import build_xla_arm
+        from torchkiln.backends.xla.arm import build_xla_arm
 
         return build_xla_arm(spec, variant, fp64=fp64, no_dropout=no_dropout)
     if fp64 and variant.backend.name != "eager":

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchkiln.runner.autotune_log import autotune_rounds, describe
-from torchkiln.runner.host_lock import HOST_LOCK_ENV, WAITING_SUFFIX
-from torchkiln.runner.orphan import TrialsStopped, launcher_env, stopping
-from torchkiln.runner.trial import TrialSpec, base_result
-from torchkiln.runner.worker import partial_path
+from torchkiln.runner.launch.autotune_log import autotune_rounds, describe
+from torchkiln.runner.launch.host_lock import HOST_LOCK_ENV, WAITING_SUFFIX
+from torchkiln.runner.launch.orphan import TrialsStopped, launcher_env, stopping
+from torchkiln.runner.protocol.trial import TrialSpec, base_result
+from torchkiln.runner.protocol.worker import partial_path
 
 STDERR_TAIL_CHARS = 4000
 
@@ -81,7 +81,7 @@ def _spawn(
     for p in (result_path, phase_path, partial_path(result_path)):
         p.unlink(missing_ok=True)
     spec_path.write_text(spec.to_json())
-    cmd = [sys.executable, "-m", "torchkiln.runner.worker", mode]
+    cmd = [sys.executable, "-m", "torchkiln.runner.protocol.worker", mode]
     cmd += [str(spec_path), str(result_path), str(phase_path)]
     with (
         open(trial_dir / f"{mode}-stdout.txt", "wb") as out,

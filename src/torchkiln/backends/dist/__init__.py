@@ -1,0 +1,2 @@
+"""Distributed training trials (DDP, FSDP) through torchrun: `launch` starts the ranks and merges
+their results, `worker` is one rank, `arm` wraps the model, `comm` measures communication."""
