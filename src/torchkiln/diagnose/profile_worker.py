@@ -224,8 +224,7 @@ def run(req: dict[str, Any], out: Path) -> dict[str, Any]:
         context = {
             "backend": backend.name,
             "precision": variant.precision,
-            "cudagraphs": bool(getattr(backend, "uses_cudagraphs", False))
-            or backend.name == "cudagraphs",
+            "cudagraphs": bool(backend.uses_cudagraphs),
         }
         result["metrics"] = metrics
         result["verdict"] = classify(metrics, context)

@@ -8,10 +8,10 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from torchkiln.backends.xla import compare as compare_xla
 from torchkiln.report import svg
 from torchkiln.report.table import fmt_accuracy, fmt_memory, fmt_ms, fmt_speedup, fmt_tflops
 from torchkiln.tune.select import step_s
+from torchkiln.variants.base import report_sections
 
 GIB = 1024**3
 
@@ -96,10 +96,9 @@ def markdown(doc: dict[str, Any]) -> str:
         out += ["| " + " | ".join(heads) + " |", "|" + "--|" * len(heads)]
         out += ["| " + " | ".join(_md(r[h]) for h in heads) + " |" for r in rows]
         out.append("")
-    versus = compare_xla.rows(doc)
-    if versus:
+    for title, versus in report_sections(doc):
         heads = list(versus[0])
-        out += ["## Inductor vs XLA (measured in this run)", ""]
+        out += [f"## {title}", ""]
         out += ["| " + " | ".join(heads) + " |", "|" + "--|" * len(heads)]
         out += ["| " + " | ".join(_md(r[h]) for h in heads) + " |" for r in versus]
         out.append("")
@@ -248,10 +247,8 @@ def html(doc: dict[str, Any]) -> str:
     table = ""
     if rows:
         table = _html_table(rows, list(rows[0]))
-    versus = compare_xla.rows(doc)
-    if versus:
-        heads = list(versus[0])
-        table += "<h2>Inductor vs XLA (measured in this run)</h2>" + _html_table(versus, heads)
+    for title, versus in report_sections(doc):
+        table += f"<h2>{escape(title)}</h2>" + _html_table(versus, list(versus[0]))
     pick = (
         (
             f"<p><b>Pick: <code>{escape(rec['variant'])}</code></b> — "

@@ -111,11 +111,10 @@ def render(doc: dict[str, Any], console: Any = None) -> None:
     for row in rows(doc):
         table.add_row(*row)
     console.print(table)
-    from torchkiln.backends.xla import compare as compare_xla
+    from torchkiln.variants.base import report_sections
 
-    versus = compare_xla.rows(doc)
-    if versus:
-        side = Table(title="Inductor vs XLA (measured in this run)")
+    for title, versus in report_sections(doc):
+        side = Table(title=title)
         for h in versus[0]:
             side.add_column(h, overflow="fold")
         for r in versus:

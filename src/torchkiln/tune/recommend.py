@@ -123,8 +123,7 @@ def reasons(best: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
         f"{best['steady_ms']['median']:.3f} ms vs {best['baseline_ms']['median']:.3f} ms per "
         f"step, for {best['first_call_s']:.1f} s of compilation on the first call."
     )
-    mode = getattr(v.backend, "mode", "")
-    if mode in ("reduce-overhead", "max-autotune") or v.backend.name == "cudagraphs":
+    if v.backend.uses_cudagraphs:
         k, bk = best.get("kernels_per_step"), best.get("baseline_kernels_per_step")
         extra = (
             f" ({k:.0f} kernels per step replayed as one graph vs {bk:.0f} launches)"

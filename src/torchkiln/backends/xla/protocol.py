@@ -101,3 +101,12 @@ def measure_baseline_first(
         check = judge(variant, first, refs, DROPOUT_NOTE if dropout else "")
     if apply_correctness(result, check):
         result["status"] = "ok"
+
+
+def measure_xla_trial(
+    spec: TrialSpec, variant: Variant, baseline: Variant, result: dict[str, Any], phases
+) -> None:
+    """The xla backend's protocol (Backend.protocol): the baseline first, then the variant."""
+    measure_baseline_first(spec, variant, baseline, result, phases)
+    if spec.replicas > 1:
+        result["notes"].append("replicas apply to in-process arms; an xla trial has one each")

@@ -101,7 +101,7 @@ def _prime_for_step_scope(optimizer: Any, backend: Any, device: str) -> None:
     """The optimizer's state made before the whole step is compiled (runner.protocol.optim_state
     says why). Required under CUDA graphs; elsewhere it saves a recompile, and an optimizer that
     cannot be primed is left to create its state inside the compiled step, as before."""
-    graphs = backend.name == "cudagraphs" or getattr(backend, "uses_cudagraphs", False)
+    graphs = backend.uses_cudagraphs
     try:
         prime_optimizer_state(optimizer)
     except CannotPrime as exc:
@@ -124,11 +124,9 @@ def build_arm(
     so a training step is deterministic for the correctness check."""
     import torch
 
-    if variant.backend.name == "xla":
-        # Hook for the xla backend: its arm is a JAX function (torchax + jax.jit), built apart.
-        from torchkiln.backends.xla.arm import build_xla_arm
-
-        return build_xla_arm(spec, variant, fp64=fp64, no_dropout=no_dropout)
+    builder = variant.backend.arm_builder
+    if builder is not None:  # a backend that builds its own arm (Backend.arm_builder)
+        return builder(spec, variant, fp64=fp64, no_dropout=no_dropout)
     if fp64 and variant.backend.name != "eager":
         raise ValueError("the fp64 reference is always eager")
     seed_everything(spec.seed)

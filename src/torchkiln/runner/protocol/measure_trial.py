@@ -3,8 +3,8 @@ interleaved paired reps, kernel counts, FLOPs, and the correctness check last (s
 builds cannot warm the caches that the first call is timed against). An eager baseline is two
 instances, built before and after the variant (`baseline_instances`); with `replicas` k > 1,
 k instances of each arm (`runner.protocol.replicas`).
-`xla` trials, which cannot share a process's PyTorch with their baseline, take the order of
-`backends.xla.protocol` instead (baseline and references first)."""
+A backend with a protocol of its own (`Backend.protocol`: xla, which cannot share a process's
+PyTorch with its baseline) is measured by it instead."""
 
 from __future__ import annotations
 
@@ -345,12 +345,9 @@ def measure_trial(spec: TrialSpec, result: dict[str, Any], phases) -> None:
             result["status"], result["reason"] = "unsupported", reason
             return
     timer = StepTimer(spec.device)
-    if variant.name == "xla":
-        from torchkiln.backends.xla.protocol import measure_baseline_first
-
-        measure_baseline_first(spec, variant, baseline, result, phases)
-        if spec.replicas > 1:
-            result["notes"].append("replicas apply to in-process arms; an xla trial has one each")
+    protocol = variant.backend.protocol
+    if protocol is not None:
+        protocol(spec, variant, baseline, result, phases)
         return
 
     measure = measure_replicated if spec.replicas > 1 else measure_single
