@@ -10,16 +10,16 @@ import json
 import pytest
 
 from torchkiln.api import bench
-from torchkiln.backends.dist.arm import find_fully_shard
-from torchkiln.backends.dist.comm import exposed_share, subtract, union
-from torchkiln.backends.dist.launch import (
+from torchkiln.backends.distributed.arm import find_fully_shard
+from torchkiln.backends.distributed.comm import exposed_share, subtract, union
+from torchkiln.backends.distributed.launch import (
     check_dist,
     dist_summary_lines,
     merge_ranks,
     root_cause,
     run_dist_trial,
 )
-from torchkiln.backends.dist.worker import losses_agree
+from torchkiln.backends.distributed.worker import losses_agree
 from torchkiln.errors import KilnUserError
 from torchkiln.runner.protocol.trial import TrialSpec
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkiln import __version__
-from torchkiln.backends.dist.launch import check_dist, run_dist_trial
+from torchkiln.backends.distributed.launch import check_dist, run_dist_trial
 from torchkiln.errors import KilnUserError
 from torchkiln.report.drift import baseline_drift
 from torchkiln.runner.launch.executors import (

@@ -141,7 +141,7 @@ class _Progress:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from torchkiln.api import bench, default_variants
-    from torchkiln.backends.dist.launch import check_dist, dist_summary_lines
+    from torchkiln.backends.distributed.launch import check_dist, dist_summary_lines
     from torchkiln.report.table import render
     from torchkiln.runner.launch.executors import make_executor
     from torchkiln.variants import split_variants

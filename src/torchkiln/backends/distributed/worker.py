@@ -1,4 +1,4 @@
-"""One rank of a distributed trial: ``torchrun ... -m torchkiln.backends.dist.worker SPEC RANKDIR``.
+"""One rank of a distributed trial: ``torchrun ... -m torchkiln.backends.distributed.worker SPEC RANKDIR``.
 
 Each rank measures its own step times (paired against the eager baseline under the same
 wrapper), peak memory, first losses and communication share, and writes ``rank<R>.json``.
@@ -100,7 +100,7 @@ def measure_rank(spec: TrialSpec, out: dict[str, Any], phases: Phases) -> None:
     from torchkiln.measure.memory import MemoryTracker
     from torchkiln.measure.stats import summarize
     from torchkiln.measure.timer import StepTimer
-    from torchkiln.backends.dist.arm import build_dist_arm, dist_unsupported
+    from torchkiln.backends.distributed.arm import build_dist_arm, dist_unsupported
     from torchkiln.runner.protocol.measure_trial import dynamo_counters
     from torchkiln.variants import parse_variant
 
@@ -196,7 +196,7 @@ _SHARED = (
 
 def profile_comm_safe(step: Any, device: str) -> dict[str, Any]:
     """The profiler is evidence, not the measurement: if it fails the trial goes on, saying so."""
-    from torchkiln.backends.dist.comm import profile_comm
+    from torchkiln.backends.distributed.comm import profile_comm
 
     try:
         return profile_comm(step, device, COMM_STEPS)

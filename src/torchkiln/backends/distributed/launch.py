@@ -1,6 +1,6 @@
 """Run one distributed training trial through torchrun and merge its ranks into one result.
 
-``torch.distributed.run`` starts ``nproc`` copies of ``torchkiln.backends.dist.worker``; each
+``torch.distributed.run`` starts ``nproc`` copies of ``torchkiln.backends.distributed.worker``; each
 rank writes ``rank<R>.json`` (its step times, memory, losses, communication share, or its
 error). torchrun ends the other ranks as soon as one fails; if ranks hang, the trial's timeout
 kills the whole process group. Either way the result says which rank failed and why."""
@@ -55,7 +55,7 @@ def torchrun_command(spec_path: Path, rank_dir: Path, nproc: int) -> list[str]:
         "--max-restarts=0",
         "--monitor-interval=0.5",
         "-m",
-        "torchkiln.backends.dist.worker",
+        "torchkiln.backends.distributed.worker",
         str(spec_path),
         str(rank_dir),
     ]
