@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -20,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from torchkiln.errors import KilnUserError
-from torchkiln.runner.launch.trial_process import _failure, _kill_group, tail, trial_env
-from torchkiln.runner.launch.orphan import TrialsStopped, stopping
+from torchkiln.runner.launch import spawn
+from torchkiln.runner.launch.trial_process import _failure, tail, trial_env
 from torchkiln.runner.protocol.trial import TrialSpec
 
 STRATEGIES = ("ddp", "fsdp")
@@ -59,19 +58,6 @@ def torchrun_command(spec_path: Path, rank_dir: Path, nproc: int) -> list[str]:
         str(spec_path),
         str(rank_dir),
     ]
-
-
-def _wait_unless_stopped(proc: subprocess.Popen, timeout_s: float) -> bool:
-    """True when torchrun exited within the time; raises TrialsStopped on a stop."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            proc.wait(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
-            return True
-        except subprocess.TimeoutExpired:
-            if stopping():
-                raise TrialsStopped("the run was interrupted") from None
-    return proc.poll() is not None
 
 
 def run_dist_trial(
@@ -112,26 +98,16 @@ def run_dist_trial(
         open(trial_dir / "torchrun-stdout.txt", "wb") as out,
         open(trial_dir / "torchrun-stderr.txt", "wb") as err,
     ):
-        proc = subprocess.Popen(
-            torchrun_command(spec_path, rank_dir, nproc),
-            stdout=out,
-            stderr=err,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
+        proc = spawn.start(
+            torchrun_command(spec_path, rank_dir, nproc), env=env, stdout=out, stderr=err
         )
-        try:
-            timed_out = not _wait_unless_stopped(proc, timeout_s)
-        except BaseException:  # a Ctrl-C or a stop: torchrun's session is out of its reach
-            _kill_group(proc)
-            raise
+        # A Ctrl-C or a stop: torchrun's session is out of its reach.
+        with spawn.ended_on_error(proc):
+            timed_out = not spawn.wait_unless_stopped(proc, timeout_s)
         if timed_out:
-            _kill_group(proc)
+            spawn.end_group(proc)
     if not timed_out:
-        try:  # compile workers of any rank must not outlive the trial
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        spawn.kill_group(proc)  # compile workers of any rank must not outlive the trial
     if fresh_cache is not None:
         shutil.rmtree(fresh_cache, ignore_errors=True)
     result = merge_ranks(

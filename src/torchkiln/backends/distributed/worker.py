@@ -1,4 +1,5 @@
-"""One rank of a distributed trial: ``torchrun ... -m torchkiln.backends.distributed.worker SPEC RANKDIR``.
+"""One rank of a distributed trial:
+``torchrun ... -m torchkiln.backends.distributed.worker SPEC RANKDIR``.
 
 Each rank measures its own step times (paired against the eager baseline under the same
 wrapper), peak memory, first losses and communication share, and writes ``rank<R>.json``.
@@ -96,11 +97,11 @@ def measure_rank(spec: TrialSpec, out: dict[str, Any], phases: Phases) -> None:
     import torch
     import torch.distributed as dist
 
+    from torchkiln.backends.distributed.arm import build_dist_arm, dist_unsupported
     from torchkiln.errors import UnsupportedVariant
     from torchkiln.measure.memory import MemoryTracker
     from torchkiln.measure.stats import summarize
     from torchkiln.measure.timer import StepTimer
-    from torchkiln.backends.distributed.arm import build_dist_arm, dist_unsupported
     from torchkiln.runner.protocol.measure_trial import dynamo_counters
     from torchkiln.variants import parse_variant
 
