@@ -12,8 +12,8 @@ import pytest
 from torchkiln.api import bench
 from torchkiln.backends.distributed.arm import find_fully_shard
 from torchkiln.backends.distributed.comm import exposed_share, subtract, union
+from torchkiln.backends.distributed.config import check_dist
 from torchkiln.backends.distributed.launch import (
-    check_dist,
     dist_summary_lines,
     merge_ranks,
     root_cause,

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from torchkiln import __version__
-from torchkiln.backends.distributed.launch import check_dist, run_dist_trial
+from torchkiln.backends.distributed.config import check_dist
+from torchkiln.backends.distributed.launch import run_dist_trial
 from torchkiln.errors import KilnUserError
 from torchkiln.report.drift import baseline_drift
 from torchkiln.runner.launch.executors import (

@@ -141,7 +141,8 @@ class _Progress:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from torchkiln.api import bench, default_variants
-    from torchkiln.backends.distributed.launch import check_dist, dist_summary_lines
+    from torchkiln.backends.distributed.config import check_dist
+    from torchkiln.backends.distributed.launch import dist_summary_lines
     from torchkiln.report.table import render
     from torchkiln.runner.launch.executors import make_executor
     from torchkiln.variants import split_variants

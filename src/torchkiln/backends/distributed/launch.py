@@ -18,28 +18,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from torchkiln.errors import KilnUserError
 from torchkiln.runner.launch import spawn
 from torchkiln.runner.launch.trial_process import _failure, tail, trial_env
 from torchkiln.runner.protocol.trial import TrialSpec
-
-STRATEGIES = ("ddp", "fsdp")
-
-
-def check_dist(strategy: str | None, nproc: int | None, step: str) -> dict[str, Any] | None:
-    """Validate ``--dist``/``--nproc``; returns the options a dist trial takes, or None."""
-    if strategy is None:
-        if nproc not in (None, 1):
-            raise KilnUserError(f"--nproc {nproc} needs --dist; choose from {list(STRATEGIES)}")
-        return None
-    if strategy not in STRATEGIES:
-        raise KilnUserError(f"--dist {strategy!r}; choose from {list(STRATEGIES)}")
-    if step != "train":
-        raise KilnUserError(f"--dist {strategy} wraps a training step: add --step train")
-    nproc = 1 if nproc is None else nproc
-    if nproc < 1:
-        raise KilnUserError(f"--nproc {nproc}; it must be at least 1")
-    return {"nproc": nproc, "strategy": strategy}
 
 
 def torchrun_command(spec_path: Path, rank_dir: Path, nproc: int) -> list[str]:
