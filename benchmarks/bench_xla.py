@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from torchkiln.api import run_trials  # noqa: E402
-from torchkiln.runner.trial import TrialSpec  # noqa: E402
+from torchkiln.runner.protocol.trial import TrialSpec  # noqa: E402
 from torchkiln.variants import split_variants  # noqa: E402
 
 VARIANTS = ("xla+bf16", "inductor+bf16", "inductor:mode=reduce-overhead+bf16")

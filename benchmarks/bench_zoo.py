@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from torchkiln.api import TrialEvents, bench  # noqa: E402
-from torchkiln.runner.trial import slug  # noqa: E402
+from torchkiln.runner.protocol.trial import slug  # noqa: E402
 
 
 class Log(TrialEvents):

@@ -30,8 +30,8 @@ from plain_loop import make_step, time_rep  # noqa: E402
 from torchkiln.measure.kernels import kernels_per_step  # noqa: E402
 from torchkiln.measure.stats import paired_speedup  # noqa: E402
 from torchkiln.measure.timer import StepTimer, calibrate_steps  # noqa: E402
-from torchkiln.runner.executable import build_arm  # noqa: E402
-from torchkiln.runner.trial import TrialSpec  # noqa: E402
+from torchkiln.runner.protocol.executable import build_arm  # noqa: E402
+from torchkiln.runner.protocol.trial import TrialSpec  # noqa: E402
 from torchkiln.variants import parse_variant  # noqa: E402
 
 PLAIN_STEPS = 50

@@ -69,7 +69,7 @@ def trial_processes() -> list[str]:
             args = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:  # the process ended while being read
             continue
-        if "torchkiln.runner.worker" in args:
+        if "torchkiln.runner.protocol.worker" in args:
             found.append(args.strip())
     return found
 

@@ -10,18 +10,18 @@ import json
 import pytest
 
 from torchkiln.api import bench
-from torchkiln.errors import KilnUserError
-from torchkiln.runner.dist_arm import find_fully_shard
-from torchkiln.runner.dist_comm import exposed_share, subtract, union
-from torchkiln.runner.dist_launch import (
-    check_dist,
+from torchkiln.backends.distributed.arm import find_fully_shard
+from torchkiln.backends.distributed.comm import exposed_share, subtract, union
+from torchkiln.backends.distributed.config import check_dist
+from torchkiln.backends.distributed.launch import (
     dist_summary_lines,
     merge_ranks,
     root_cause,
     run_dist_trial,
 )
-from torchkiln.runner.dist_worker import losses_agree
-from torchkiln.runner.trial import TrialSpec
+from torchkiln.backends.distributed.worker import losses_agree
+from torchkiln.errors import KilnUserError
+from torchkiln.runner.protocol.trial import TrialSpec
 
 TRANSFORMER = "tests/fixtures/dist_workloads.py:tiny_transformer"
 FIXTURES = "tests/fixtures/dist_workloads.py"

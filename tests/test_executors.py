@@ -11,13 +11,13 @@ import time
 import pytest
 
 from torchkiln.errors import KilnUserError
-from torchkiln.runner.executors import (
+from torchkiln.runner.launch.executors import (
     LocalExecutor,
     PoolExecutor,
     make_executor,
 )
-from torchkiln.runner.launch import run_trial
-from torchkiln.runner.trial import TrialSpec
+from torchkiln.runner.launch.trial_process import run_trial
+from torchkiln.runner.protocol.trial import TrialSpec
 
 MLP = "tests/fixtures/workloads.py:tiny_mlp"
 KILLABLE = "tests/fixtures/dist_workloads.py:waits_to_be_killed"

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from torchkiln.api import bench
-from torchkiln.runner.executors import LocalExecutor, RayExecutor
-from torchkiln.runner.trial import TrialSpec
+from torchkiln.runner.launch.executors import LocalExecutor, RayExecutor
+from torchkiln.runner.protocol.trial import TrialSpec
 
 ray = pytest.importorskip("ray", reason="the 'ray' extra is not installed (pip install ray)")
 

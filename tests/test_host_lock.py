@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from torchkiln.runner.host_lock import HOST_LOCK_ENV, HostLock, lock_mode
-from torchkiln.runner.launch import run_trial
-from torchkiln.runner.trial import TrialSpec
+from torchkiln.runner.launch.host_lock import HOST_LOCK_ENV, HostLock, lock_mode
+from torchkiln.runner.launch.trial_process import run_trial
+from torchkiln.runner.protocol.trial import TrialSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = textwrap.dedent(
     """
     import json, sys, time
-    from torchkiln.runner.host_lock import HostLock
-    from torchkiln.runner.worker import Phases
+    from torchkiln.runner.launch.host_lock import HostLock
+    from torchkiln.runner.protocol.worker import Phases
 
     plan = json.loads(sys.argv[1])
     time.sleep(plan["delay"])
@@ -131,7 +131,7 @@ def test_a_trial_waiting_for_its_timed_turn_waits_for_one_phase_not_all(tmp_path
 
 
 def test_the_pool_removes_its_lock_file_and_turnstile(tmp_path):
-    from torchkiln.runner.host_lock import TURNSTILE_SUFFIX, remove_lock_files
+    from torchkiln.runner.launch.host_lock import TURNSTILE_SUFFIX, remove_lock_files
 
     path = str(tmp_path / "host.lock")
     lock = HostLock(path)

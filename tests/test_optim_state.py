@@ -4,7 +4,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from torchkiln.runner.optim_state import (  # noqa: E402
+from torchkiln.runner.protocol.optim_state import (  # noqa: E402
     CannotPrime,
     prime_optimizer_state,
     prime_reason,
@@ -68,7 +68,7 @@ def test_optimizers_that_would_step_differently_are_refused_with_the_reason():
 
 
 def test_the_whole_step_under_cuda_graphs_refuses_an_optimizer_it_cannot_prime():
-    from torchkiln.runner.executable import _prime_for_step_scope
+    from torchkiln.runner.protocol.executable import _prime_for_step_scope
     from torchkiln.variants import parse_variant
 
     graphs = parse_variant("inductor:mode=reduce-overhead,scope=step").backend

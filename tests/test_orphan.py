@@ -1,4 +1,4 @@
-"""Trial processes do not outlive the kiln that launched them (runner/orphan.py): a launcher
+"""Trial processes do not outlive the kiln that launched them (runner/launch/orphan.py): a launcher
 killed outright leaves no trial behind, a Ctrl-C while a trial runs ends it, and a pool stopped by
 one ends the trials its threads wait on instead of waiting for them to finish. An H200 run (kiln
 0a7b0dc) found an orphaned max-autotune trial timing its steps beside the next benchmark."""
@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from torchkiln.runner import executors, launch, orphan
-from torchkiln.runner.trial import TrialSpec
+from torchkiln.runner.launch import executors, orphan
+from torchkiln.runner.launch import trial_process as launch
+from torchkiln.runner.protocol.trial import TrialSpec
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -45,11 +46,11 @@ def wait_until(check, seconds: float) -> bool:
 # Inductor's compile workers), writes both pids, and would sleep for a minute.
 LAUNCHER = """
 import subprocess, sys, time
-from torchkiln.runner.orphan import launcher_env
+from torchkiln.runner.launch.orphan import launcher_env
 import os
 trial = '''
 import os, subprocess, sys, time
-from torchkiln.runner.orphan import exit_with_launcher
+from torchkiln.runner.launch.orphan import exit_with_launcher
 exit_with_launcher(poll_s=0.05)
 child = subprocess.Popen(["sleep", "60"])
 open(sys.argv[1], "w").write(f"{os.getpid()} {child.pid}")
@@ -91,8 +92,8 @@ def test_no_watch_where_no_kiln_launched_the_process(monkeypatch):
     assert orphan.launcher_gone(None, os.getppid() + 1)  # re-parented
 
 
-# launch._spawn runs `sys.executable -m torchkiln.runner.worker MODE SPEC RESULT PHASE`: here a
-# shell script that writes its pid, enters a phase and would work for a minute.
+# launch._spawn runs `sys.executable -m torchkiln.runner.protocol.worker MODE SPEC RESULT PHASE`:
+# here a shell script that writes its pid, enters a phase and would work for a minute.
 FAKE_WORKER = """#!/usr/bin/env bash
 echo $$ > "$PIDFILE"
 echo measure > "$6"

@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from torchkiln.runner.arm_facts import arm_facts
-from torchkiln.runner.executable import build_arm
-from torchkiln.runner.trial import TrialSpec
+from torchkiln.runner.protocol.arm_facts import arm_facts
+from torchkiln.runner.protocol.executable import build_arm
+from torchkiln.runner.protocol.trial import TrialSpec
 from torchkiln.tune.recommend import code
 from torchkiln.variants import parse_variant
 

@@ -1,5 +1,5 @@
 """A finished trial in a run directory is reused only when it was measured the same way
-(runner/reuse.py): a tune of one workload and step always writes to the same default
+(runner/store/reuse.py): a tune of one workload and step always writes to the same default
 directory, so without this a GPU tune would read the CPU tune's eager baseline."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from torchkiln.api import bench
-from torchkiln.runner import reuse
-from torchkiln.runner.rundir import REUSE_KEY, RunDir
-from torchkiln.runner.trial import TrialSpec
+from torchkiln.runner.protocol.trial import TrialSpec
+from torchkiln.runner.store import reuse
+from torchkiln.runner.store.rundir import REUSE_KEY, RunDir
 from torchkiln.tune import inmemory
 
 FIX = Path(__file__).parent / "fixtures"

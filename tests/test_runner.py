@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from torchkiln.api import bench, run_trials
-from torchkiln.runner.trial import TrialSpec, base_result
+from torchkiln.runner.protocol.trial import TrialSpec, base_result
 
 FIX = Path(__file__).parent / "fixtures"
 WL = FIX / "workloads.py"
@@ -147,8 +147,8 @@ def test_resume_skips_finished_trials(tmp_path):
 def _measure_recording_builds(monkeypatch, **spec_fields):
     """An eager+bf16 trial of the tiny MLP measured in-process, recording every arm it builds:
     (the built specs in order, the result)."""
-    import torchkiln.runner.measure_trial as mt
-    from torchkiln.runner.worker import Phases
+    import torchkiln.runner.protocol.measure_trial as mt
+    from torchkiln.runner.protocol.worker import Phases
 
     built = []
     real_build = mt.build_arm
@@ -190,7 +190,7 @@ def test_an_eager_baseline_is_two_instances_built_around_the_variant(monkeypatch
 
 
 def test_only_an_eager_baseline_is_bracketed():
-    from torchkiln.runner.measure_trial import bracketed
+    from torchkiln.runner.protocol.measure_trial import bracketed
     from torchkiln.variants import parse_variant
 
     spec = TrialSpec(workload="simple", variant="inductor")
@@ -205,7 +205,7 @@ def test_replicas_build_k_instances_of_each_arm_in_balanced_order(monkeypatch):
     speedup is the geometric mean of the k pairs' ratios with a t interval over them."""
     import math
 
-    from torchkiln.runner.replicas import t975
+    from torchkiln.runner.protocol.replicas import t975
 
     built, result = _measure_recording_builds(monkeypatch, replicas=3)
     assert result["status"] == "ok"
@@ -226,7 +226,7 @@ def test_replicas_build_k_instances_of_each_arm_in_balanced_order(monkeypatch):
 
 
 def test_replicated_speedup_interval_covers_instance_variation():
-    from torchkiln.runner.replicas import build_order, replicated_speedup, t975
+    from torchkiln.runner.protocol.replicas import build_order, replicated_speedup, t975
 
     # Three pairs whose instances differ by 2%, 0% and -2%: each pair's own reps agree
     # perfectly, so only the pairs' spread can widen the interval.

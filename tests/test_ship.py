@@ -44,7 +44,7 @@ def _manifest(ship_dir: Path) -> dict:
 
 
 def _model(seed: int = 0):
-    from torchkiln.runner.settings import seed_everything
+    from torchkiln.runner.protocol.settings import seed_everything
     from torchkiln.workloads import load_workload
 
     seed_everything(seed)

@@ -3,8 +3,8 @@ for its turn on the host, and the wall limit, which counts everything; and a tri
 written its result is never reported as stopped, however slowly its process exits.
 
 The worker here is a stand-in shell script (it is launched as `sys.executable -m
-torchkiln.runner.worker MODE SPEC RESULT PHASE`), so the limits are tested in seconds, not in a
-real trial's minutes."""
+torchkiln.runner.protocol.worker MODE SPEC RESULT PHASE`), so the limits are tested in seconds,
+not in a real trial's minutes."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from torchkiln.runner import launch
-from torchkiln.runner.host_lock import WAITING_SUFFIX
-from torchkiln.runner.trial import TrialSpec
+from torchkiln.runner.launch import trial_process as launch
+from torchkiln.runner.launch.host_lock import WAITING_SUFFIX
+from torchkiln.runner.protocol.trial import TrialSpec
 
 # $6: the phase file, $5: the result file. WAIT_S seconds waiting for the host, WORK_S working,
 # then the result, then EXIT_S seconds before the process ends.

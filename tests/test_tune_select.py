@@ -138,8 +138,8 @@ def test_independent_trials_run_at_once_one_per_gpu_and_a_free_gpu_takes_the_nex
     import threading
     import time
 
-    from torchkiln.runner.executors import stream
-    from torchkiln.runner.trial import TrialSpec
+    from torchkiln.runner.launch.executors import stream
+    from torchkiln.runner.protocol.trial import TrialSpec
 
     started = threading.Barrier(2, timeout=10)  # the first two must run at the same time
     seen, events = [], []
@@ -179,8 +179,8 @@ def test_independent_trials_run_at_once_one_per_gpu_and_a_free_gpu_takes_the_nex
 def test_one_slot_runs_trials_in_this_thread_one_after_another():
     import threading
 
-    from torchkiln.runner.executors import stream
-    from torchkiln.runner.trial import TrialSpec
+    from torchkiln.runner.launch.executors import stream
+    from torchkiln.runner.protocol.trial import TrialSpec
 
     queue, threads, order = ["a", "b"], [], []
 

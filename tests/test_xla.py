@@ -17,7 +17,7 @@ import torch.nn as nn
 from torchkiln import Workload
 from torchkiln.api import bench, run_trials
 from torchkiln.errors import UnsupportedVariant
-from torchkiln.runner.trial import TrialSpec
+from torchkiln.runner.protocol.trial import TrialSpec
 from torchkiln.variants import VariantSpecError, parse_variant
 
 HERE = Path(__file__).resolve()
@@ -49,7 +49,7 @@ def test_xla_spec_round_trips_and_validates():
 def test_optax_twin_of_sgd_momentum_matches_torch_over_three_steps():
     import jax.numpy as jnp
 
-    from torchkiln.runner.xla_arm import optax_twin
+    from torchkiln.backends.xla.arm import optax_twin
 
     w0 = torch.tensor([1.0, -2.0, 3.0], dtype=torch.float64)
     grads = [torch.tensor(g, dtype=torch.float64) for g in ([1, 2, 3], [-1, 0, 5], [2, 2, -2])]

@@ -13,13 +13,19 @@ from pathlib import Path
 from typing import Any
 
 from torchkiln import __version__
+from torchkiln.backends.distributed.config import check_dist
+from torchkiln.backends.distributed.launch import run_dist_trial
 from torchkiln.errors import KilnUserError
 from torchkiln.report.drift import baseline_drift
-from torchkiln.runner.dist_launch import check_dist, run_dist_trial
-from torchkiln.runner.executors import LocalExecutor, PoolExecutor, RayExecutor, TrialExecutor
-from torchkiln.runner.launch import preflight, run_trial
-from torchkiln.runner.rundir import RunDir
-from torchkiln.runner.trial import TrialSpec
+from torchkiln.runner.launch.executors import (
+    LocalExecutor,
+    PoolExecutor,
+    RayExecutor,
+    TrialExecutor,
+)
+from torchkiln.runner.launch.trial_process import preflight, run_trial
+from torchkiln.runner.protocol.trial import TrialSpec
+from torchkiln.runner.store.rundir import RunDir
 from torchkiln.variants import parse_variant
 
 BENCH_SCHEMA = "torchkiln.bench/1"
@@ -190,7 +196,7 @@ def bench(
         "trials": results,
         "baseline_drift": baseline_drift(results),
     }
-    from torchkiln.runner.worker import write_json
+    from torchkiln.runner.protocol.worker import write_json
 
     write_json(run.path / "bench.json", doc)
     from torchkiln.history import record

@@ -142,9 +142,10 @@ class _Progress:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from torchkiln.api import bench, default_variants
+    from torchkiln.backends.distributed.config import check_dist
+    from torchkiln.backends.distributed.launch import dist_summary_lines
     from torchkiln.report.table import render
-    from torchkiln.runner.dist_launch import check_dist, dist_summary_lines
-    from torchkiln.runner.executors import make_executor
+    from torchkiln.runner.launch.executors import make_executor
     from torchkiln.variants import split_variants
 
     device = args.device or _default_device()

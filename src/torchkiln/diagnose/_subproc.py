@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -12,7 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchkiln.runner.orphan import launcher_env
+from torchkiln.runner.launch import spawn
+from torchkiln.runner.launch.orphan import launcher_env
 
 # src/ (or site-packages/) holding the torchkiln package, so children import this same copy.
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -55,34 +55,24 @@ def run_module(
     """``python -m module args...``; on timeout the child's whole process group is killed
     (compile workers included), and whatever it printed so far is returned."""
     start = time.perf_counter()
-    proc = subprocess.Popen(
+    # Own session: Inductor forks compile workers; killing the group ends them too.
+    proc = spawn.start(
         [sys.executable, "-m", module, *args],
+        env=child_env(env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        env=child_env(env),
         cwd=cwd,
         text=True,
-        errors="replace",
-        # Own session: Inductor forks compile workers; killing the group ends them too.
-        start_new_session=True,
     )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-        timed_out = False
-    except subprocess.TimeoutExpired:
+    # A Ctrl-C: the child's own session is out of the signal's reach.
+    with spawn.ended_on_error(proc, end=spawn.kill_group):
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass  # it exited between the timeout and the kill: nothing left to end
-        out, err = proc.communicate()
-        timed_out = True
-    except BaseException:  # a Ctrl-C: the child's own session is out of the signal's reach
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass  # it had exited already
-        raise
+            out, err = proc.communicate(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            spawn.kill_group(proc)
+            out, err = proc.communicate()
+            timed_out = True
     return ProcResult(
         returncode=None if timed_out else proc.returncode,
         stdout=out or "",

@@ -38,10 +38,8 @@ def _variant_request(spec: str) -> dict[str, Any]:
     backend = variant.backend
     dynamic = {"auto": None, "true": True, "false": False}.get(getattr(backend, "dynamic", "auto"))
     req: dict[str, Any] = {"variant": variant.spec, "dynamic": dynamic, "cudagraphs": False}
-    if getattr(backend, "uses_cudagraphs", False):
-        req.update(cudagraphs=True, compile_kwargs={"mode": backend.mode})
-    elif backend.name == "cudagraphs":
-        req.update(cudagraphs=True, compile_kwargs={"backend": "cudagraphs"})
+    if backend.uses_cudagraphs:
+        req.update(cudagraphs=True, compile_kwargs=backend.compile_kwargs)
     return req
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from torchkiln.runner.orphan import exit_with_launcher
+from torchkiln.runner.launch.orphan import exit_with_launcher
 
 SCHEMA = "kiln.explain/1"
 MAX_STREAM_ITEMS = 8
@@ -360,5 +360,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_with_launcher()  # ends with the kiln that launched it (runner/orphan.py)
+    exit_with_launcher()  # ends with the kiln that launched it (runner/launch/orphan.py)
     sys.exit(main())

@@ -15,7 +15,7 @@ import time
 import traceback
 from typing import Any
 
-from torchkiln.runner.orphan import exit_with_launcher
+from torchkiln.runner.launch.orphan import exit_with_launcher
 
 N = 1237  # odd on purpose: exercises the mask on the last block
 
@@ -104,5 +104,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_with_launcher()  # ends with the kiln that launched it (runner/orphan.py)
+    exit_with_launcher()  # ends with the kiln that launched it (runner/launch/orphan.py)
     sys.exit(main())

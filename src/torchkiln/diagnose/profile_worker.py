@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from torchkiln.runner.orphan import exit_with_launcher
+from torchkiln.runner.launch.orphan import exit_with_launcher
 
 SCHEMA = "kiln.profile/1"
 DATA_WAIT = "kiln:data_wait"  # the name trace_metrics looks for
@@ -129,8 +129,8 @@ def count_flops(arm: Any, spec: Any, variant: Any) -> int:
     ops, which a compiled graph hides); the same math as the variant's. An eager arm is
     counted as is; a compiled one is rebuilt in eager."""
     from torchkiln.measure.flops import count_flops as count
-    from torchkiln.runner.executable import build_arm
-    from torchkiln.runner.measure_trial import reference_variant
+    from torchkiln.runner.protocol.executable import build_arm
+    from torchkiln.runner.protocol.measure_trial import reference_variant
 
     if variant.backend.name != "eager":
         arm = build_arm(spec, reference_variant(variant))
@@ -139,7 +139,7 @@ def count_flops(arm: Any, spec: Any, variant: Any) -> int:
 
 
 def _phase(result: dict[str, Any], name: str, out: Path, fn: Callable[[], None]) -> bool:
-    from torchkiln.runner.worker import classify_error
+    from torchkiln.runner.protocol.worker import classify_error
 
     start = time.perf_counter()
     result["phase"] = name
@@ -169,8 +169,8 @@ def run(req: dict[str, Any], out: Path) -> dict[str, Any]:
     from torchkiln.measure.environment import collect
     from torchkiln.measure.flops import peak_tflops
     from torchkiln.measure.kernels import load_trace_events
-    from torchkiln.runner.executable import build_arm
-    from torchkiln.runner.trial import TrialSpec
+    from torchkiln.runner.protocol.executable import build_arm
+    from torchkiln.runner.protocol.trial import TrialSpec
     from torchkiln.variants import parse_variant
 
     device = req["device"]
@@ -224,8 +224,7 @@ def run(req: dict[str, Any], out: Path) -> dict[str, Any]:
         context = {
             "backend": backend.name,
             "precision": variant.precision,
-            "cudagraphs": bool(getattr(backend, "uses_cudagraphs", False))
-            or backend.name == "cudagraphs",
+            "cudagraphs": bool(backend.uses_cudagraphs),
         }
         result["metrics"] = metrics
         result["verdict"] = classify(metrics, context)
@@ -283,5 +282,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_with_launcher()  # ends with the kiln that launched it (runner/orphan.py)
+    exit_with_launcher()  # ends with the kiln that launched it (runner/launch/orphan.py)
     sys.exit(main())

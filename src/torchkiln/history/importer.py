@@ -45,7 +45,7 @@ def _read(p: Path) -> dict[str, Any]:
 def _from_trials(run: Path) -> dict[str, Any]:
     """A bench document from a run directory whose bench ended before writing bench.json."""
     from torchkiln.api import BENCH_SCHEMA
-    from torchkiln.runner.rundir import RunDir
+    from torchkiln.runner.store.rundir import RunDir
 
     rd = RunDir(run)
     manifest = rd.manifest() or {}

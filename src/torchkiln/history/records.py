@@ -88,7 +88,7 @@ def run_row(doc: dict[str, Any], kind: str | None = None) -> dict[str, Any]:
     if kind == "kernels-bench" and not doc.get("environment"):
         doc["environment"] = env  # the stored document says where it was measured
     workload = doc.get("workload") or ("kernels" if kind == "kernels-bench" else "?")
-    from torchkiln.runner.reuse import workload_digest
+    from torchkiln.runner.store.reuse import workload_digest
 
     return {
         "created": doc.get("created") or now(),

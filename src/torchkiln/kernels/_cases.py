@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from torchkiln.kernels.bench import DTYPE_NAMES, KERNELS
+from torchkiln.kernels.bench_names import DTYPE_NAMES, KERNELS
 
 DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.bfloat16, torch.float16), strict=True))
 # Attention shape for masked_softmax: the M rows are [1, HEADS, M // HEADS] queries, with a bool

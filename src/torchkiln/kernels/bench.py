@@ -17,10 +17,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-# Plain names so that building the CLI parser imports neither torch nor triton.
-KERNELS = ("softmax", "masked_softmax", "bias_act_scale")
-DIRECTIONS = ("fwd", "bwd")
-DTYPE_NAMES = ("fp32", "bf16", "fp16")
+from torchkiln.kernels.bench_names import DIRECTIONS, DTYPE_NAMES, KERNELS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

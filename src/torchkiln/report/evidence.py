@@ -116,7 +116,7 @@ def render_html(lines: list[Line]) -> str:
 
 def host_waits(doc: dict[str, Any]) -> list[tuple[float, str]]:
     """(seconds, variant) of every trial that waited for its turn on the host (the `host_wait`
-    phase of trials run side by side, runner/host_lock.py), search and head-to-head alike."""
+    phase of trials run side by side, runner/launch/host_lock.py), search and head-to-head alike."""
     trials = [*doc["trials"], *(doc.get("head_to_head_trials") or [])]
     waits = [((r.get("phase_s") or {}).get("host_wait") or 0.0, r["variant"]) for r in trials]
     return [(w, v) for w, v in waits if w >= 0.5]

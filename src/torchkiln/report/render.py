@@ -7,9 +7,10 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from torchkiln.report import compare_xla, evidence, svg, trend
+from torchkiln.report import evidence, svg, trend
 from torchkiln.report.table import fmt_accuracy, fmt_memory, fmt_ms, fmt_speedup, fmt_tflops
 from torchkiln.tune.select import step_s
+from torchkiln.variants.base import report_sections
 
 GIB = 1024**3
 
@@ -23,7 +24,8 @@ def trial_rows(doc: dict[str, Any]) -> list[dict[str, str]]:
     be = (doc.get("selection") or {}).get("break_even_steps") or {}
     rows = []
     for r in doc["trials"]:
-        # A trial stopped after its timing (runner.launch) shows what it measured beside why.
+        # A trial stopped after its timing (runner.launch.trial_process) shows what it measured
+        # beside why.
         shown = r["status"] in ("ok", "accuracy_fail") or bool(r.get("measured_before_failure"))
         b = be.get(r["variant"])
         failed = r["status"] not in ("ok", "accuracy_fail")
@@ -109,10 +111,9 @@ def markdown(doc: dict[str, Any]) -> str:
         out += ["| " + " | ".join(heads) + " |", "|" + "--|" * len(heads)]
         out += ["| " + " | ".join(_md(r[h]) for h in heads) + " |" for r in rows]
         out.append("")
-    versus = compare_xla.rows(doc)
-    if versus:
+    for title, versus in report_sections(doc):
         heads = list(versus[0])
-        out += ["## Inductor vs XLA (measured in this run)", ""]
+        out += [f"## {title}", ""]
         out += ["| " + " | ".join(heads) + " |", "|" + "--|" * len(heads)]
         out += ["| " + " | ".join(_md(r[h]) for h in heads) + " |" for r in versus]
         out.append("")
@@ -217,10 +218,8 @@ def html(doc: dict[str, Any], history: str | Path | bool | None = False) -> str:
     table = ""
     if rows:
         table = _html_table(rows, list(rows[0]))
-    versus = compare_xla.rows(doc)
-    if versus:
-        heads = list(versus[0])
-        table += "<h2>Inductor vs XLA (measured in this run)</h2>" + _html_table(versus, heads)
+    for title, versus in report_sections(doc):
+        table += f"<h2>{escape(title)}</h2>" + _html_table(versus, list(versus[0]))
     pick = (
         (
             f"<p><b>Pick: <code>{escape(rec['variant'])}</code></b> — "

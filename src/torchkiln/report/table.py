@@ -58,7 +58,7 @@ def fmt_accuracy(r: dict) -> str:
 def rows(doc: dict[str, Any]) -> list[list[str]]:
     out = []
     for r in doc["trials"]:
-        # A trial stopped after its timing keeps its step times (runner.launch).
+        # A trial stopped after its timing keeps its step times (runner.launch.trial_process).
         if r["status"] not in ("ok", "accuracy_fail") and not r.get("measured_before_failure"):
             out.append([r["variant"], r["status"], r.get("reason") or "", "", "", "", "", "", ""])
             continue
@@ -111,11 +111,10 @@ def render(doc: dict[str, Any], console: Any = None) -> None:
     for row in rows(doc):
         table.add_row(*row)
     console.print(table)
-    from torchkiln.report import compare_xla
+    from torchkiln.variants.base import report_sections
 
-    versus = compare_xla.rows(doc)
-    if versus:
-        side = Table(title="Inductor vs XLA (measured in this run)")
+    for title, versus in report_sections(doc):
+        side = Table(title=title)
         for h in versus[0]:
             side.add_column(h, overflow="fold")
         for r in versus:

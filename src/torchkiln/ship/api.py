@@ -32,8 +32,9 @@ STEADY_SLACK = 0.02  # a route whose steady step is more than 2% slower than col
 def _spawn(module: str, job: dict[str, Any], work: Path, timeout_s: float) -> dict[str, Any]:
     """Runs ``module`` on ``job`` in a fresh process with its own empty compile caches, so each
     route's first call is measured from what the ship directory holds and nothing else."""
-    from torchkiln.runner.launch import _kill_group, tail
-    from torchkiln.runner.orphan import launcher_env
+    from torchkiln.runner.launch import spawn
+    from torchkiln.runner.launch.orphan import launcher_env
+    from torchkiln.runner.launch.trial_process import tail
 
     work.mkdir(parents=True, exist_ok=True)
     job_path, result_path = work / "job.json", work / "result.json"
@@ -45,16 +46,14 @@ def _spawn(module: str, job: dict[str, Any], work: Path, timeout_s: float) -> di
     env["TRITON_CACHE_DIR"] = str(work / "cache" / "triton")
     cmd = [sys.executable, "-m", module, str(job_path), str(result_path)]
     with open(work / "stderr.txt", "wb") as err, open(work / "stdout.txt", "wb") as out:
-        proc = subprocess.Popen(
-            cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, start_new_session=True
-        )
+        proc = spawn.start(cmd, env=env, stdout=out, stderr=err)
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            _kill_group(proc)
+            spawn.kill_group(proc)
             return {"ok": False, "error": f"did not finish within {timeout_s:.0f} s"}
         except BaseException:
-            _kill_group(proc)
+            spawn.kill_group(proc)
             raise
     if not result_path.exists():
         return {
@@ -288,7 +287,7 @@ def ship(
         source={"run_dir": str(run_dir), "created": doc.get("created")},
     )
     from torchkiln.report.render import markdown
-    from torchkiln.runner.worker import write_json
+    from torchkiln.runner.protocol.worker import write_json
     from torchkiln.ship.report import summary
 
     doc["ship"] = summary(manifest, to or run_dir / "ship")

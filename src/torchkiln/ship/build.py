@@ -34,7 +34,7 @@ def shapes_of(inputs: Any) -> list[list[int]]:
 def served_inputs(workload: Any, device: str) -> list[Any]:
     """The example inputs, then each new shape the workload's stream brings (at most
     MAX_SHAPES in all), moved to ``device``."""
-    from torchkiln.runner.settings import map_tensors
+    from torchkiln.runner.protocol.settings import map_tensors
 
     found = [workload.example_inputs]
     seen = [shapes_of(workload.example_inputs)]
@@ -56,8 +56,8 @@ def call(run: Any, inputs: Any) -> Any:
 def train_call(shipped: Any, workload: Any, inputs: Any, device: str) -> Any:
     """Forward, loss and backward: the graphs a training step compiles (the optimizer's step
     is the caller's code outside the compiled model)."""
-    from torchkiln.runner.executable import default_loss
-    from torchkiln.runner.settings import map_tensors
+    from torchkiln.runner.protocol.executable import default_loss
+    from torchkiln.runner.protocol.settings import map_tensors
 
     targets = map_tensors(workload.targets, lambda t: t.to(device))
     with shipped._autocast():
@@ -81,7 +81,7 @@ def _archive_kernels(root: Path, dest: Path) -> bool:
 def build(job: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from torchkiln.runner.settings import seed_everything
+    from torchkiln.runner.protocol.settings import seed_everything
     from torchkiln.ship import export
     from torchkiln.ship.load import Shipped
     from torchkiln.ship.manifest import environment, model_hash
@@ -138,7 +138,7 @@ def build(job: dict[str, Any]) -> dict[str, Any]:
             }
         else:
             t = time.perf_counter()
-            from torchkiln.runner.settings import autocast, map_tensors
+            from torchkiln.runner.protocol.settings import autocast, map_tensors
             from torchkiln.ship.load import to_layout
             from torchkiln.variants import parse_variant
 
@@ -167,8 +167,8 @@ def build(job: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     job_path, result_path = argv
-    from torchkiln.runner.orphan import exit_with_launcher
-    from torchkiln.runner.worker import write_json
+    from torchkiln.runner.launch.orphan import exit_with_launcher
+    from torchkiln.runner.protocol.worker import write_json
 
     exit_with_launcher()
     job = json.loads(Path(job_path).read_text())

@@ -48,7 +48,7 @@ class Shipped:
     def __init__(self, run: Any, doc: dict[str, Any], route: str, reason: str) -> None:
         import torch
 
-        from torchkiln.runner.settings import autocast, precision_flags
+        from torchkiln.runner.protocol.settings import autocast, precision_flags
         from torchkiln.variants import parse_variant
 
         self._run = run

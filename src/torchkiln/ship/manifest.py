@@ -153,7 +153,7 @@ def read_manifest(ship_dir: str | Path) -> dict[str, Any]:
 
 
 def write_manifest(ship_dir: Path, doc: dict[str, Any]) -> None:
-    from torchkiln.runner.worker import write_json
+    from torchkiln.runner.protocol.worker import write_json
 
     write_json(ship_dir / MANIFEST, {"schema": SHIP_SCHEMA, **doc})
 

@@ -38,7 +38,7 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from torchkiln.measure.timer import StepTimer, calibrate_steps
-    from torchkiln.runner.settings import map_tensors, seed_everything
+    from torchkiln.runner.protocol.settings import map_tensors, seed_everything
     from torchkiln.ship.build import call, train_call
     from torchkiln.ship.load import load
     from torchkiln.ship.manifest import read_manifest
@@ -111,8 +111,8 @@ def _tensors(out: Any) -> list[Any]:
 
 def main(argv: list[str]) -> int:
     job_path, result_path = argv
-    from torchkiln.runner.orphan import exit_with_launcher
-    from torchkiln.runner.worker import write_json
+    from torchkiln.runner.launch.orphan import exit_with_launcher
+    from torchkiln.runner.protocol.worker import write_json
 
     exit_with_launcher()
     job = json.loads(Path(job_path).read_text())

@@ -12,7 +12,7 @@ from typing import Any
 
 from torchkiln.errors import KilnUserError
 from torchkiln.report.evidence import distinct_breaks
-from torchkiln.runner.trial import TrialSpec
+from torchkiln.runner.protocol.trial import TrialSpec
 
 
 def environment_check(device: str) -> dict[str, Any]:

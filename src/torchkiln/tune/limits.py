@@ -62,7 +62,7 @@ def stop_note(stopped_by: str | None, own_s: float, wall_s: float, limit_s: floa
 
 
 # Seconds kept after the last trial: a trial stopped at its limit may take 5 s to end politely
-# (launch._kill_group), then selection and the reports. H200 tunes at 50de622 ended at 600.3 and
+# (spawn.end_group), then selection and the reports. H200 tunes at 50de622 ended at 600.3 and
 # 601.2 s of a 600 s budget, their last trials given whatever was left.
 FINAL_RESERVE_S = 10.0
 # The search leaves time for the head-to-head stage: two compiles in one process for each

@@ -15,11 +15,11 @@ from torchkiln import __version__
 from torchkiln.errors import KilnUserError
 from torchkiln.measure.environment import collect as collect_environment
 from torchkiln.report.drift import baseline_drift
-from torchkiln.runner.executors import LocalExecutor, stream
-from torchkiln.runner.launch import preflight, run_trial
-from torchkiln.runner.rundir import RunDir
-from torchkiln.runner.trial import TrialSpec, base_result
-from torchkiln.runner.worker import write_json
+from torchkiln.runner.launch.executors import LocalExecutor, stream
+from torchkiln.runner.launch.trial_process import preflight, run_trial
+from torchkiln.runner.protocol.trial import TrialSpec, base_result
+from torchkiln.runner.protocol.worker import write_json
+from torchkiln.runner.store.rundir import RunDir
 from torchkiln.tune import evidence as gather
 from torchkiln.tune import recommend
 from torchkiln.tune.limits import (
@@ -60,7 +60,7 @@ def visible_gpus(device: str) -> list[int | None]:
     (independent trials then run at once, one per GPU); otherwise one unpinned slot."""
     if device != "cuda":
         return [None]
-    from torchkiln.runner.executors import visible_gpus as gpus
+    from torchkiln.runner.launch.executors import visible_gpus as gpus
 
     found = gpus()
     return list(found) if len(found) > 1 else [None]
@@ -68,8 +68,8 @@ def visible_gpus(device: str) -> list[int | None]:
 
 def run_in_process(spec: TrialSpec) -> dict[str, Any]:
     """A trial in this process (the fallback when the model cannot reach a trial process)."""
-    from torchkiln.runner.measure_trial import measure_trial
-    from torchkiln.runner.worker import Phases, classify_error
+    from torchkiln.runner.protocol.measure_trial import measure_trial
+    from torchkiln.runner.protocol.worker import Phases, classify_error
 
     result = base_result(spec)
     phases = Phases(None)

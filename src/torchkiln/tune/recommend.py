@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from torchkiln.runner.arm_facts import ArmFacts, arm_facts
+from torchkiln.runner.protocol.arm_facts import ArmFacts, arm_facts
 from torchkiln.variants import Variant, parse_variant
 
 
@@ -182,8 +182,7 @@ def reasons(
         f"{best['steady_ms']['median']:.3f} ms vs {best['baseline_ms']['median']:.3f} ms per "
         f"step, for {best['first_call_s']:.1f} s of compilation on the first call."
     )
-    mode = getattr(v.backend, "mode", "")
-    if mode in ("reduce-overhead", "max-autotune") or v.backend.name == "cudagraphs":
+    if v.backend.uses_cudagraphs:
         k, bk = best.get("kernels_per_step"), best.get("baseline_kernels_per_step")
         extra = (
             f" ({k:.0f} kernels per step replayed, against {bk:.0f} launched one by one in eager)"
@@ -236,7 +235,7 @@ class _Tuned:
 
         import torch
 
-        from torchkiln.runner.settings import autocast, precision_flags
+        from torchkiln.runner.protocol.settings import autocast, precision_flags
 
         v = parse_variant(spec)
         facts = arm_facts(v, step, device) if step else None

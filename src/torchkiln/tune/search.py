@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from torchkiln.variants import parse_variant
+from torchkiln.variants.base import backends
 
 # Relative compile cost of a candidate, in units of the default mode's compile time. Measured
 # on an H200 (torch 2.11, benchmarks/results/zoo/h200, first call of max-autotune-no-cudagraphs
@@ -153,12 +154,13 @@ def candidates(ev: Evidence) -> list[Candidate]:
         params = {"mode": best_mode} if best_mode != "default" else {}
         spec = _with("inductor", **params, dynamic="false") + "+channels_last"
         add_both(spec, "channels_last: convolutions without layout transposes", 1.5, best_mode)
-    if cuda:
-        add_both("cudagraphs", "CUDA graphs over eager kernels, no code generation", 6.0,
-                 "default", 0.5)  # fmt: skip
-    if ev.xla_available:
-        add_both("xla", "XLA through torchax + jax.jit: the other whole-graph compiler", 7.0,
-                 "default", 1.5)  # fmt: skip
+    # Other backends' own candidates (Backend.tune_candidate: cudagraphs on CUDA, xla when
+    # its extra is installed), in name order.
+    for _, backend in sorted(backends().items()):
+        other = backend.tune_candidate(ev)
+        if other is not None:
+            spec, why, priority, scale = other
+            add_both(spec, why, priority, "default", scale)
     for precision in ("bf16", "tf32", "fp16"):
         if precision not in ev.allow_precision:
             continue
@@ -217,7 +219,7 @@ def refinements(leader_spec: str, ev: Evidence) -> list[Candidate]:
         spec = parse_variant(_add_knob(leader_spec, freezing="true")).spec
         out.append(Candidate(spec, "the leader with its weights frozen (freezing)", -100.0, factor))
     # Under CUDA graphs too, now that the optimizer's state is made before the step is
-    # compiled (runner.optim_state): without it reduce-overhead over the whole step failed.
+    # compiled (runner.protocol.optim_state): without it reduce-overhead over the whole step failed.
     if (
         ev.step == "train"
         and v.backend.scope == "model"

@@ -4,6 +4,7 @@ A spec is ``backend[:key=value,...][+policy...]``, for example
 ``inductor:mode=max-autotune,dynamic=false+bf16+channels_last``.
 """
 
+from torchkiln.variants import builtin  # noqa: F401  (registers eager, inductor, cudagraphs)
 from torchkiln.variants.base import (
     LAYOUTS,
     PRECISIONS,

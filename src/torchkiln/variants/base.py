@@ -61,6 +61,47 @@ class Backend:
     def params(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
+    # Hooks through which the runner, tune and the report reach a backend's own code, so that
+    # none of them tests a backend's name. The defaults are those of a backend that is a
+    # wrapper around a PyTorch callable; a backend with a folder in backends/ overrides them.
+
+    @property
+    def uses_cudagraphs(self) -> bool:
+        """Whether the backend records CUDA graphs (a compiled step's optimizer state must
+        exist before the capture)."""
+        return False
+
+    @property
+    def compile_kwargs(self) -> dict[str, Any]:
+        """The torch.compile arguments that reproduce this backend (explain compiles with them
+        when the backend records CUDA graphs)."""
+        return {}
+
+    @property
+    def arm_builder(self) -> Callable[..., Any] | None:
+        """The backend's own arm builder, ``(spec, variant, *, fp64, no_dropout) -> Arm``, for
+        an arm that is not `wrap` around the model or step; None: the runner's own."""
+        return None
+
+    @property
+    def protocol(self) -> Callable[..., None] | None:
+        """The backend's own order of measurement, ``(spec, variant, baseline, result,
+        phases)``, for a backend that cannot share a process with its baseline the usual way;
+        None: the runner's paired, interleaved protocol."""
+        return None
+
+    @classmethod
+    def tune_candidate(cls, evidence: Any) -> tuple[str, str, float, float] | None:
+        """What tune's search tries of this backend, beyond Inductor's modes, given its
+        evidence: (spec, why, priority, compile factor over default's); None: nothing."""
+        return None
+
+    @classmethod
+    def report_section(cls, doc: dict[str, Any]) -> tuple[str, list[dict[str, str]]] | None:
+        """A section of the run's report that sets this backend's trials beside others: its
+        title and rows; None when the run has nothing for it."""
+        return None
+
 
 def _choice(value: Any, allowed: tuple[str, ...], what: str) -> None:
     if value not in allowed:
@@ -123,15 +164,19 @@ def load_plugins(spec: str | None = None) -> None:
 
 def backends() -> dict[str, type[Backend]]:
     global _plugins_loaded
-    from torchkiln.variants import (
-        builtin,  # noqa: F401  (registers eager, inductor, cudagraphs)
-        xla,  # noqa: F401  (registers xla; jax is imported lazily)
-    )
+    # The package torchkiln.variants registered eager, inductor and cudagraphs on its import;
+    # the backends with a folder of their own register on their package's.
+    import torchkiln.backends  # noqa: F401
 
     if not _plugins_loaded:
         _plugins_loaded = True
         load_plugins()
     return _BACKENDS
+
+
+def report_sections(doc: dict[str, Any]) -> list[tuple[str, list[dict[str, str]]]]:
+    """Every registered backend's report section for this run (Backend.report_section)."""
+    return [s for _, cls in sorted(backends().items()) if (s := cls.report_section(doc))]
 
 
 def available_backends() -> list[str]:

@@ -73,6 +73,11 @@ class Inductor(Backend):
     def uses_cudagraphs(self) -> bool:
         return self.mode in CUDAGRAPH_MODES
 
+    @property
+    def compile_kwargs(self) -> dict[str, Any]:
+        """What torch.compile is given for the mode (explain compiles the model the same way)."""
+        return {"mode": self.mode}
+
     def wrap(self, fn: Callable[..., Any], *, compile_scope: str) -> Callable[..., Any]:
         import torch
 
@@ -111,6 +116,21 @@ class CudaGraphs(Backend):
 
     def __post_init__(self) -> None:
         _choice(self.scope, SCOPES, "cudagraphs: scope")
+
+    @property
+    def uses_cudagraphs(self) -> bool:
+        return True
+
+    @property
+    def compile_kwargs(self) -> dict[str, Any]:
+        """What torch.compile is given (explain compiles the model the same way)."""
+        return {"backend": "cudagraphs"}
+
+    @classmethod
+    def tune_candidate(cls, evidence: Any) -> tuple[str, str, float, float] | None:
+        if not evidence.device.startswith("cuda"):
+            return None
+        return (cls.name, "CUDA graphs over eager kernels, no code generation", 6.0, 0.5)
 
     def wrap(self, fn: Callable[..., Any], *, compile_scope: str) -> Callable[..., Any]:
         import torch

@@ -1,5 +1,6 @@
 """Workloads: a model, its example inputs and the kind of step to run; a registry; user specs."""
 
+from torchkiln.workloads import zoo  # noqa: F401  (registers the built-ins)
 from torchkiln.workloads.base import (
     PRESETS,
     STEP_KINDS,

@@ -77,8 +77,7 @@ def register_workload(
 
 
 def registry() -> dict[str, WorkloadEntry]:
-    from torchkiln.workloads import zoo  # noqa: F401  (registers the built-ins)
-
+    # The built-ins registered on the import of the package torchkiln.workloads (its zoo).
     return _REGISTRY
 
 

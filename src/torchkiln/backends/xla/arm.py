@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchkiln.errors import UnsupportedVariant, require
-from torchkiln.runner.executable import Arm, default_loss, default_optimizer
-from torchkiln.runner.settings import disable_dropout, seed_everything
-from torchkiln.runner.trial import TrialSpec
+from torchkiln.runner.protocol.executable import Arm, default_loss, default_optimizer
+from torchkiln.runner.protocol.settings import disable_dropout, seed_everything
+from torchkiln.runner.protocol.trial import TrialSpec
 from torchkiln.variants import Variant
 from torchkiln.workloads import load_workload
 

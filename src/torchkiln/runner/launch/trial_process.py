@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchkiln.runner.autotune_log import autotune_rounds, describe
-from torchkiln.runner.host_lock import HOST_LOCK_ENV, WAITING_SUFFIX
-from torchkiln.runner.orphan import TrialsStopped, launcher_env, stopping
-from torchkiln.runner.trial import TrialSpec, base_result
-from torchkiln.runner.worker import partial_path
+from torchkiln.runner.launch import spawn
+from torchkiln.runner.launch.autotune_log import autotune_rounds, describe
+from torchkiln.runner.launch.host_lock import HOST_LOCK_ENV, WAITING_SUFFIX
+from torchkiln.runner.launch.orphan import TrialsStopped, launcher_env, stopping
+from torchkiln.runner.protocol.trial import TrialSpec, base_result
+from torchkiln.runner.protocol.worker import partial_path
 
 STDERR_TAIL_CHARS = 4000
 
@@ -28,20 +29,6 @@ def tail(path: Path, chars: int = STDERR_TAIL_CHARS) -> str:
         return ""
     data = path.read_bytes()[-chars:]
     return data.decode("utf-8", errors="replace")
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Inductor compiles in worker subprocesses: end the whole process group, politely first."""
-    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 # Once a trial has written its whole result, its process may still spend seconds tearing down
@@ -81,27 +68,17 @@ def _spawn(
     for p in (result_path, phase_path, partial_path(result_path)):
         p.unlink(missing_ok=True)
     spec_path.write_text(spec.to_json())
-    cmd = [sys.executable, "-m", "torchkiln.runner.worker", mode]
+    cmd = [sys.executable, "-m", "torchkiln.runner.protocol.worker", mode]
     cmd += [str(spec_path), str(result_path), str(phase_path)]
     with (
         open(trial_dir / f"{mode}-stdout.txt", "wb") as out,
         open(trial_dir / f"{mode}-stderr.txt", "wb") as err,
     ):
-        proc = subprocess.Popen(
-            cmd,
-            stdout=out,
-            stderr=err,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-        )
-        try:
+        proc = spawn.start(cmd, env=env, stdout=out, stderr=err)
+        # Ctrl-C, a stop (orphan.stop_trials) or an error here: the trial is in its own
+        # session, out of the signal's reach, and must not go on running on the device.
+        with spawn.ended_on_error(proc):
             state = _watch(proc, timeout_s, wall_s, phase_path, result_path, on_phase)
-        except BaseException:
-            # Ctrl-C, a stop (orphan.stop_trials) or an error here: the trial is in its own
-            # session, out of the signal's reach, and must not go on running on the device.
-            _kill_group(proc)
-            raise
     return _after_exit(proc, *state, phase_path, result_path)
 
 
@@ -145,7 +122,8 @@ def _watch(
         elif hard is not None and now > hard:
             stopped_by = "wall"
         if stopped_by:
-            _kill_group(proc)
+            # Inductor compiles in worker subprocesses: the whole group, politely first.
+            spawn.end_group(proc)
             break
     return last_phase, waited, stopped_by
 
@@ -160,10 +138,7 @@ def _after_exit(
 ) -> Spawned:
     if stopped_by is None:
         # The trial itself is done; compile workers it left behind must not outlive it.
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        spawn.kill_group(proc)
         proc.wait()
     phase = phase_path.read_text().strip() if phase_path.exists() else last_phase
     result = None

@@ -45,7 +45,7 @@ class TrialSpec:
     # it (see measure_trial.baseline_instances): build order alone moves host-bound eager ~1%.
     bracket: bool = True
     # k > 1: k instances of the variant and of the baseline, the speedup's interval over the
-    # k pairs (runner.replicas): it then includes instance-to-instance variation.
+    # k pairs (runner.protocol.replicas): it then includes instance-to-instance variation.
     replicas: int = 1
     index: int = 0
     extra: dict[str, Any] = field(default_factory=dict)

@@ -9,15 +9,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchkiln.errors import UnsupportedVariant
-from torchkiln.runner.executable import default_loss, default_optimizer
-from torchkiln.runner.settings import (
+from torchkiln.runner.protocol.executable import default_loss, default_optimizer
+from torchkiln.runner.protocol.settings import (
     autocast,
     call_model,
     map_tensors,
     precision_flags,
     seed_everything,
 )
-from torchkiln.runner.trial import TrialSpec
+from torchkiln.runner.protocol.trial import TrialSpec
 from torchkiln.variants import Variant
 from torchkiln.workloads import load_workload
 

@@ -1,6 +1,6 @@
 """Run one distributed training trial through torchrun and merge its ranks into one result.
 
-``torch.distributed.run`` starts ``nproc`` copies of ``torchkiln.runner.dist_worker``; each
+``torch.distributed.run`` starts ``nproc`` copies of ``torchkiln.backends.distributed.worker``; each
 rank writes ``rank<R>.json`` (its step times, memory, losses, communication share, or its
 error). torchrun ends the other ranks as soon as one fails; if ranks hang, the trial's timeout
 kills the whole process group. Either way the result says which rank failed and why."""
@@ -12,35 +12,15 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from torchkiln.errors import KilnUserError
-from torchkiln.runner.launch import _failure, _kill_group, tail, trial_env
-from torchkiln.runner.orphan import TrialsStopped, stopping
-from torchkiln.runner.trial import TrialSpec
-
-STRATEGIES = ("ddp", "fsdp")
-
-
-def check_dist(strategy: str | None, nproc: int | None, step: str) -> dict[str, Any] | None:
-    """Validate ``--dist``/``--nproc``; returns the options a dist trial takes, or None."""
-    if strategy is None:
-        if nproc not in (None, 1):
-            raise KilnUserError(f"--nproc {nproc} needs --dist; choose from {list(STRATEGIES)}")
-        return None
-    if strategy not in STRATEGIES:
-        raise KilnUserError(f"--dist {strategy!r}; choose from {list(STRATEGIES)}")
-    if step != "train":
-        raise KilnUserError(f"--dist {strategy} wraps a training step: add --step train")
-    nproc = 1 if nproc is None else nproc
-    if nproc < 1:
-        raise KilnUserError(f"--nproc {nproc}; it must be at least 1")
-    return {"nproc": nproc, "strategy": strategy}
+from torchkiln.runner.launch import spawn
+from torchkiln.runner.launch.trial_process import _failure, tail, trial_env
+from torchkiln.runner.protocol.trial import TrialSpec
 
 
 def torchrun_command(spec_path: Path, rank_dir: Path, nproc: int) -> list[str]:
@@ -55,23 +35,10 @@ def torchrun_command(spec_path: Path, rank_dir: Path, nproc: int) -> list[str]:
         "--max-restarts=0",
         "--monitor-interval=0.5",
         "-m",
-        "torchkiln.runner.dist_worker",
+        "torchkiln.backends.distributed.worker",
         str(spec_path),
         str(rank_dir),
     ]
-
-
-def _wait_unless_stopped(proc: subprocess.Popen, timeout_s: float) -> bool:
-    """True when torchrun exited within the time; raises TrialsStopped on a stop."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            proc.wait(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
-            return True
-        except subprocess.TimeoutExpired:
-            if stopping():
-                raise TrialsStopped("the run was interrupted") from None
-    return proc.poll() is not None
 
 
 def run_dist_trial(
@@ -112,26 +79,16 @@ def run_dist_trial(
         open(trial_dir / "torchrun-stdout.txt", "wb") as out,
         open(trial_dir / "torchrun-stderr.txt", "wb") as err,
     ):
-        proc = subprocess.Popen(
-            torchrun_command(spec_path, rank_dir, nproc),
-            stdout=out,
-            stderr=err,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
+        proc = spawn.start(
+            torchrun_command(spec_path, rank_dir, nproc), env=env, stdout=out, stderr=err
         )
-        try:
-            timed_out = not _wait_unless_stopped(proc, timeout_s)
-        except BaseException:  # a Ctrl-C or a stop: torchrun's session is out of its reach
-            _kill_group(proc)
-            raise
+        # A Ctrl-C or a stop: torchrun's session is out of its reach.
+        with spawn.ended_on_error(proc):
+            timed_out = not spawn.wait_unless_stopped(proc, timeout_s)
         if timed_out:
-            _kill_group(proc)
+            spawn.end_group(proc)
     if not timed_out:
-        try:  # compile workers of any rank must not outlive the trial
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        spawn.kill_group(proc)  # compile workers of any rank must not outlive the trial
     if fresh_cache is not None:
         shutil.rmtree(fresh_cache, ignore_errors=True)
     result = merge_ranks(

@@ -1,4 +1,5 @@
-"""The trial process: ``python -m torchkiln.runner.worker MODE SPEC.json RESULT.json PHASE``.
+"""The trial process:
+``python -m torchkiln.runner.protocol.worker MODE SPEC.json RESULT.json PHASE``.
 
 MODE is `trial` (measure one variant against its baseline) or `preflight` (check the workload
 loads and one eager forward runs, so bad input is reported before any trial starts). The
@@ -14,9 +15,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from torchkiln.runner.host_lock import WAITING_SUFFIX, HostLock
-from torchkiln.runner.orphan import exit_with_launcher
-from torchkiln.runner.trial import TrialSpec, base_result
+from torchkiln.runner.launch.host_lock import WAITING_SUFFIX, HostLock
+from torchkiln.runner.launch.orphan import exit_with_launcher
+from torchkiln.runner.protocol.trial import TrialSpec, base_result
 
 
 def write_json(path: str | Path, data: dict[str, Any]) -> None:
@@ -92,7 +93,7 @@ def preflight(spec: TrialSpec) -> dict[str, Any]:
 
         if spec.device.startswith("cuda") and not torch.cuda.is_available():
             return {"ok": False, "kind": "device", "message": "--device cuda but no CUDA GPU"}
-        from torchkiln.runner.executable import build_arm
+        from torchkiln.runner.protocol.executable import build_arm
         from torchkiln.variants import parse_variant
 
         spec.step = "infer"  # a forward is enough to tell whether the inputs fit the model
@@ -128,7 +129,7 @@ def main(argv: list[str]) -> int:
     if mode == "preflight":
         write_json(result_path, preflight(spec))
         return 0
-    from torchkiln.runner.measure_trial import measure_trial
+    from torchkiln.runner.protocol.measure_trial import measure_trial
 
     phases = Phases(phase_path, partial_path(result_path), lock)
     if lock is not None:

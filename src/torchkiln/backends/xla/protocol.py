@@ -18,8 +18,8 @@ from torchkiln.measure import host_load
 from torchkiln.measure.kernels import kernels_per_step
 from torchkiln.measure.stats import summarize, unpaired_speedup
 from torchkiln.measure.timer import StepTimer, calibrate_steps
-from torchkiln.runner.executable import build_arm
-from torchkiln.runner.measure_trial import (
+from torchkiln.runner.protocol.executable import build_arm
+from torchkiln.runner.protocol.measure_trial import (
     DROPOUT_NOTE,
     achieved_tflops,
     apply_correctness,
@@ -30,8 +30,8 @@ from torchkiln.runner.measure_trial import (
     variant_alone,
     warm_up,
 )
-from torchkiln.runner.settings import active_dropout
-from torchkiln.runner.trial import TrialSpec
+from torchkiln.runner.protocol.settings import active_dropout
+from torchkiln.runner.protocol.trial import TrialSpec
 from torchkiln.variants import Variant
 
 NOTE = (
@@ -101,3 +101,12 @@ def measure_baseline_first(
         check = judge(variant, first, refs, DROPOUT_NOTE if dropout else "")
     if apply_correctness(result, check):
         result["status"] = "ok"
+
+
+def measure_xla_trial(
+    spec: TrialSpec, variant: Variant, baseline: Variant, result: dict[str, Any], phases
+) -> None:
+    """The xla backend's protocol (Backend.protocol): the baseline first, then the variant."""
+    measure_baseline_first(spec, variant, baseline, result, phases)
+    if spec.replicas > 1:
+        result["notes"].append("replicas apply to in-process arms; an xla trial has one each")

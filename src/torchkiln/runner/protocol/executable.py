@@ -7,9 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from torchkiln.runner.arm_facts import arm_facts
-from torchkiln.runner.optim_state import CannotPrime, prime_optimizer_state
-from torchkiln.runner.settings import (
+from torchkiln.runner.protocol.arm_facts import arm_facts
+from torchkiln.runner.protocol.optim_state import CannotPrime, prime_optimizer_state
+from torchkiln.runner.protocol.settings import (
     autocast,
     call_model,
     disable_dropout,
@@ -17,7 +17,7 @@ from torchkiln.runner.settings import (
     precision_flags,
     seed_everything,
 )
-from torchkiln.runner.trial import TrialSpec
+from torchkiln.runner.protocol.trial import TrialSpec
 from torchkiln.variants import Variant
 from torchkiln.workloads import Workload, load_workload
 
@@ -99,10 +99,10 @@ def _prepare_inputs(inputs: Any, device: str, fp64: bool, channels_last: bool) -
 
 
 def _prime_for_step_scope(optimizer: Any, backend: Any, device: str) -> None:
-    """The optimizer's state made before the whole step is compiled (runner.optim_state says
-    why). Required under CUDA graphs; elsewhere it saves a recompile, and an optimizer that
+    """The optimizer's state made before the whole step is compiled (runner.protocol.optim_state
+    says why). Required under CUDA graphs; elsewhere it saves a recompile, and an optimizer that
     cannot be primed is left to create its state inside the compiled step, as before."""
-    graphs = backend.name == "cudagraphs" or getattr(backend, "uses_cudagraphs", False)
+    graphs = backend.uses_cudagraphs
     try:
         prime_optimizer_state(optimizer)
     except CannotPrime as exc:
@@ -125,11 +125,9 @@ def build_arm(
     so a training step is deterministic for the correctness check."""
     import torch
 
-    if variant.backend.name == "xla":
-        # Hook for the xla backend: its arm is a JAX function (torchax + jax.jit), built apart.
-        from torchkiln.runner.xla_arm import build_xla_arm
-
-        return build_xla_arm(spec, variant, fp64=fp64, no_dropout=no_dropout)
+    builder = variant.backend.arm_builder
+    if builder is not None:  # a backend that builds its own arm (Backend.arm_builder)
+        return builder(spec, variant, fp64=fp64, no_dropout=no_dropout)
     if fp64 and variant.backend.name != "eager":
         raise ValueError("the fp64 reference is always eager")
     seed_everything(spec.seed)

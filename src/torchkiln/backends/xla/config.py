@@ -1,6 +1,7 @@
 """The `xla` backend: the model run as JAX functions (torchax) compiled whole by XLA (jax.jit).
 
-Trials build an xla arm in `runner/xla_arm.py`; jax and torchax are imported only there."""
+Its registry entry: trials build its arm in `arm.py` and measure it by `protocol.py`'s order;
+jax and torchax are imported only there, inside a trial process."""
 
 from __future__ import annotations
 
@@ -41,9 +42,35 @@ class Xla(Backend):
             return f"the xla backend runs on {list(XLA_DEVICES)}, not {device!r}"
         return None
 
+    @property
+    def arm_builder(self) -> Callable[..., Any]:
+        # Its arm is a JAX function (torchax + jax.jit), not a wrapped PyTorch callable.
+        from torchkiln.backends.xla.arm import build_xla_arm
+
+        return build_xla_arm
+
+    @property
+    def protocol(self) -> Callable[..., None]:
+        from torchkiln.backends.xla.protocol import measure_xla_trial
+
+        return measure_xla_trial
+
+    @classmethod
+    def tune_candidate(cls, evidence: Any) -> tuple[str, str, float, float] | None:
+        if not evidence.xla_available:
+            return None
+        return ("xla", "XLA through torchax + jax.jit: the other whole-graph compiler", 7.0, 1.5)
+
+    @classmethod
+    def report_section(cls, doc: dict[str, Any]) -> tuple[str, list[dict[str, str]]] | None:
+        from torchkiln.backends.xla.compare import rows
+
+        versus = rows(doc)
+        return ("Inductor vs XLA (measured in this run)", versus) if versus else None
+
     def wrap(self, fn: Callable[..., Any], *, compile_scope: str) -> Callable[..., Any]:
         # Importing torchax breaks torch.compile in the importing process, so the xla route
-        # runs only inside a trial process (runner/xla_arm.py), never in the caller's.
+        # runs only inside a trial process (backends/xla/arm.py), never in the caller's.
         raise UnsupportedVariant(
             "xla runs only inside kiln's trial processes (torchax's import breaks "
             "torch.compile in the process that imports it); use `kiln bench --variants xla`"

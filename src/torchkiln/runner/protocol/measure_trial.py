@@ -2,9 +2,9 @@
 interleaved paired reps, kernel counts, FLOPs, and the correctness check last (so its extra
 builds cannot warm the caches that the first call is timed against). An eager baseline is two
 instances, built before and after the variant (`baseline_instances`); with `replicas` k > 1,
-k instances of each arm (`runner.replicas`).
-`xla` trials, which cannot share a process's PyTorch with their baseline, take the order of
-`measure_apart` instead (baseline and references first)."""
+k instances of each arm (`runner.protocol.replicas`).
+A backend with a protocol of its own (`Backend.protocol`: xla, which cannot share a process's
+PyTorch with its baseline) is measured by it instead."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ from torchkiln.measure.kernels import kernels_per_step
 from torchkiln.measure.memory import MemoryTracker
 from torchkiln.measure.stats import paired_speedup, summarize
 from torchkiln.measure.timer import StepTimer, calibrate_steps, time_round_robin
-from torchkiln.runner.executable import Arm, build_arm
-from torchkiln.runner.replicas import build_order, replicas_record, replicated_speedup
-from torchkiln.runner.settings import active_dropout
-from torchkiln.runner.trial import TrialSpec
+from torchkiln.runner.protocol.executable import Arm, build_arm
+from torchkiln.runner.protocol.replicas import build_order, replicas_record, replicated_speedup
+from torchkiln.runner.protocol.settings import active_dropout
+from torchkiln.runner.protocol.trial import TrialSpec
 from torchkiln.variants import Variant, parse_variant
 
 
@@ -285,7 +285,7 @@ def measure_single(
 def measure_replicated(
     spec: TrialSpec, variant: Variant, baseline: Variant, timer: StepTimer, result, phases
 ) -> tuple[Arm, list, list[Arm]]:
-    """k variant and k baseline instances (runner.replicas): built B V V B ..., the first
+    """k variant and k baseline instances (runner.protocol.replicas): built B V V B ..., the first
     variant instance timed alone as usual (first call, warm-up, memory), then every other
     instance's first call and warm-up, then reps over all 2k arms; the speedup's interval is
     taken over the k pairs. Returns the first variant arm and every other arm."""
@@ -345,12 +345,9 @@ def measure_trial(spec: TrialSpec, result: dict[str, Any], phases) -> None:
             result["status"], result["reason"] = "unsupported", reason
             return
     timer = StepTimer(spec.device)
-    if variant.name == "xla":
-        from torchkiln.runner.measure_apart import measure_baseline_first
-
-        measure_baseline_first(spec, variant, baseline, result, phases)
-        if spec.replicas > 1:
-            result["notes"].append("replicas apply to in-process arms; an xla trial has one each")
+    protocol = variant.backend.protocol
+    if protocol is not None:
+        protocol(spec, variant, baseline, result, phases)
         return
 
     measure = measure_replicated if spec.replicas > 1 else measure_single

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchkiln.errors import KilnUserError, MissingExtraError, require
-from torchkiln.runner.host_lock import remove_lock_files
-from torchkiln.runner.orphan import stop_trials, trials_may_run
-from torchkiln.runner.trial import TrialSpec, base_result
+from torchkiln.runner.launch.host_lock import remove_lock_files
+from torchkiln.runner.launch.orphan import stop_trials, trials_may_run
+from torchkiln.runner.protocol.trial import TrialSpec, base_result
 
 # run_one(spec, gpu) or, from a pool of several slots, run_one(spec, gpu, host_lock=PATH).
 RunOne = Callable[..., dict[str, Any]]

@@ -25,7 +25,7 @@ from typing import Any
 
 import torchkiln
 from torchkiln.measure.environment import git_sha
-from torchkiln.runner.trial import TrialSpec
+from torchkiln.runner.protocol.trial import TrialSpec
 
 
 @functools.lru_cache(maxsize=1)

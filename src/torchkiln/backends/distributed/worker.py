@@ -1,4 +1,5 @@
-"""One rank of a distributed trial: ``torchrun ... -m torchkiln.runner.dist_worker SPEC RANKDIR``.
+"""One rank of a distributed trial:
+``torchrun ... -m torchkiln.backends.distributed.worker SPEC RANKDIR``.
 
 Each rank measures its own step times (paired against the eager baseline under the same
 wrapper), peak memory, first losses and communication share, and writes ``rank<R>.json``.
@@ -19,9 +20,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from torchkiln.runner.orphan import exit_with_launcher
-from torchkiln.runner.trial import TrialSpec
-from torchkiln.runner.worker import Phases, classify_error, write_json
+from torchkiln.runner.launch.orphan import exit_with_launcher
+from torchkiln.runner.protocol.trial import TrialSpec
+from torchkiln.runner.protocol.worker import Phases, classify_error, write_json
 
 LOSS_STEPS = 3  # first call + 2 warm-up steps: enough to see that updates agree across ranks
 COMM_STEPS = 3
@@ -62,8 +63,8 @@ def _single_process(spec: TrialSpec, variant: Any, steps: int, reps: int) -> dic
     18.8 (benchmarks/README.md), and the counters show whether it recompiled or ran eager."""
     from torchkiln.measure.stats import summarize
     from torchkiln.measure.timer import StepTimer
-    from torchkiln.runner.executable import build_arm
-    from torchkiln.runner.measure_trial import dynamo_counters, warm_up
+    from torchkiln.runner.protocol.executable import build_arm
+    from torchkiln.runner.protocol.measure_trial import dynamo_counters, warm_up
 
     timer = StepTimer(spec.device)
     if variant.backend.name != "eager":
@@ -96,12 +97,12 @@ def measure_rank(spec: TrialSpec, out: dict[str, Any], phases: Phases) -> None:
     import torch
     import torch.distributed as dist
 
+    from torchkiln.backends.distributed.arm import build_dist_arm, dist_unsupported
     from torchkiln.errors import UnsupportedVariant
     from torchkiln.measure.memory import MemoryTracker
     from torchkiln.measure.stats import summarize
     from torchkiln.measure.timer import StepTimer
-    from torchkiln.runner.dist_arm import build_dist_arm, dist_unsupported
-    from torchkiln.runner.measure_trial import dynamo_counters
+    from torchkiln.runner.protocol.measure_trial import dynamo_counters
     from torchkiln.variants import parse_variant
 
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
@@ -196,7 +197,7 @@ _SHARED = (
 
 def profile_comm_safe(step: Any, device: str) -> dict[str, Any]:
     """The profiler is evidence, not the measurement: if it fails the trial goes on, saying so."""
-    from torchkiln.runner.dist_comm import profile_comm
+    from torchkiln.backends.distributed.comm import profile_comm
 
     try:
         return profile_comm(step, device, COMM_STEPS)

@@ -9,10 +9,10 @@ watches for its launcher (KILN_LAUNCHER_PID, and its own parent) and, when eithe
 ends itself and, where it leads its process group, that group (its compile workers).
 
 The launcher's side: a trial waited on in this process's main thread is ended when a Ctrl-C
-interrupts the wait (runner.launch). Trials waited on in a pool's threads are not interrupted
-by it, and the pool's shutdown would wait for them to finish (minutes of compiling), so the
-pool calls `stop_trials()` on its way out and each waiting thread ends its trial and raises
-`TrialsStopped`.
+interrupts the wait (runner.launch.trial_process). Trials waited on in a pool's threads are
+not interrupted by it, and the pool's shutdown would wait for them to finish (minutes of
+compiling), so the pool calls `stop_trials()` on its way out and each waiting thread ends its
+trial and raises `TrialsStopped`.
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from torchkiln.runner.reuse import difference, fingerprint, retried
-from torchkiln.runner.trial import TrialSpec
-from torchkiln.runner.worker import write_json
+from torchkiln.runner.protocol.trial import TrialSpec
+from torchkiln.runner.protocol.worker import write_json
+from torchkiln.runner.store.reuse import difference, fingerprint, retried
 
 MANIFEST_SCHEMA = "torchkiln.run/1"
 REUSE_KEY = "reuse-key.json"  # beside result.json: what the result was measured with

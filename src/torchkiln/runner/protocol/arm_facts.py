@@ -1,5 +1,5 @@
 """What a trial's arm does to the model besides compiling it, as facts: the arm builder
-(runner/executable.py) takes these steps and the recommendation (tune/recommend.py) prints
+(runner/protocol/executable.py) takes these steps and the recommendation (tune/recommend.py) prints
 them, so the code a user pastes runs the model the trial measured (a model built from a config
 starts in train mode, dropout on: a trial of an inference step calls `model.eval()`, and so
 must the pasted code)."""
@@ -44,7 +44,7 @@ def arm_facts(variant: Variant, step: str, device: str) -> ArmFacts:
         tf32=variant.precision == "tf32",
         grad_scaler=train and variant.precision == "fp16",
         whole_step=whole_step,
-        # runner/optim_state.py creates the state ahead of the compiled step; a user does the
-        # same by running the first step eagerly.
+        # runner/protocol/optim_state.py creates the state ahead of the compiled step; a user
+        # does the same by running the first step eagerly.
         eager_first_step=train and whole_step,
     )
