@@ -219,6 +219,13 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", default=None, help="report directory (default kiln-runs/tune-...)")
     p.add_argument("--reps", type=int, default=None)
+    p.add_argument(
+        "--fix",
+        default="code",
+        metavar="none|config|code",
+        help="remedies for graph breaks measured as candidates: code (default: source rewrites "
+        "of a copy and configuration), config (Dynamo settings only) or none",
+    )
 
 
 class _TuneProgress:
@@ -319,6 +326,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise KilnUserError(
             f"--allow-precision {sorted(bad)}; choose from {sorted(NUMERICS_CHANGING)}"
         )
+    from torchkiln.repair.plan import check_mode
+
+    check_mode(args.fix)
     out = args.out or f"kiln-runs/tune-{args.workload.replace('/', '_')}-{args.step}"
     progress = _TuneProgress()
     doc = tune(
@@ -333,6 +343,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         out=out,
         events=progress,
         spec_overrides={"reps": args.reps} if args.reps else None,
+        fix=args.fix,
     )
     progress.flush()  # deferrals after the last stage
     sel = doc["selection"]
@@ -341,6 +352,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if rec:
         print("\n".join(f"  - {w}" for w in rec["why"]))
         print("\n" + rec["code"] + "\n")
+        from torchkiln.repair.report import console_lines
+
+        print("\n".join(console_lines(rec.get("fixes"), out)))
     print(
         f"report: {out}/report.html, {out}/report.md, {out}/results.json "
         f"({doc['wall_s']:.0f} s of a {doc['budget_s']:.0f} s budget)"
@@ -384,6 +398,9 @@ def cmd_variants(args: argparse.Namespace) -> int:
         ps = ", ".join(f"{k}={v}" for k, v in params.items())
         print(f"{name:12s} {ps}")
     print(f"policies: {' '.join('+' + p for p in (*PRECISIONS, *LAYOUTS))}")
+    from torchkiln.repair.report import remedy_lines
+
+    print("\n".join(remedy_lines()))
     return 0
 
 

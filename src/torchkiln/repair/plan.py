@@ -39,6 +39,8 @@ def workload_source(spec: str) -> WorkloadSource | str:
     """Where the workload's code lives, or why it cannot be rewritten."""
     from torchkiln.workloads.base import registry
 
+    if spec.startswith("torchkiln.tune.inmemory"):
+        return "an in-memory model has no source file to rewrite"
     entries = registry()
     if spec in entries:
         found = getattr(entries[spec].factory, "__kiln_source__", None)
@@ -59,8 +61,6 @@ def workload_source(spec: str) -> WorkloadSource | str:
             path = found_spec.origin
     else:
         return f"{spec!r} names no file"
-    if spec.startswith("torchkiln.tune.inmemory"):
-        return "an in-memory model has no source file to rewrite"
     entry = Path(path).resolve()
     if not entry.is_file():
         raise KilnUserError(f"{path}: the workload file vanished; nothing rewritten")
@@ -158,9 +158,6 @@ def fix_tokens(plan: dict[str, Any]) -> list[str]:
         tokens.append("config:all")
     tokens += [f"code:{k}" for k in plan["code"] if k != "all"]
     tokens += [f"config:{k}" for k in plan["config"]]
-    if "all" in plan["code"] and len(plan["code"]) == 1:
-        only = plan["code"]["all"]["applied"][0]["rewrite"]
-        tokens.append(f"code:{only}")  # one rewrite kind: its alone-arm is the all-arm
     return list(dict.fromkeys(tokens))
 
 

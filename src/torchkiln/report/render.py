@@ -8,6 +8,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from torchkiln.repair import report as repair_report
 from torchkiln.report import compare_xla, svg
 from torchkiln.report.table import fmt_accuracy, fmt_memory, fmt_ms, fmt_speedup, fmt_tflops
 from torchkiln.tune.select import step_s
@@ -70,6 +71,7 @@ def markdown(doc: dict[str, Any]) -> str:
         out += ["", "```python", rec["code"], "```", ""]
     else:
         out += ["**No variant passed.**", ""]
+    out += repair_report.markdown(doc)  # the pick's remedies as code, each break's cost
     if sel.get("tied"):
         how = (
             "no significant difference head to head"
@@ -259,7 +261,7 @@ def html(doc: dict[str, Any]) -> str:
         )
         if rec
         else "<p>No variant passed.</p>"
-    )
+    ) + repair_report.html(doc)
     evidence = escape(markdown(doc).split("## Evidence", 1)[-1])
     return (
         "<!doctype html><html><head><meta charset='utf-8'>"

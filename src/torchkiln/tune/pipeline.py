@@ -14,6 +14,9 @@ from typing import Any
 from torchkiln import __version__
 from torchkiln.errors import KilnUserError
 from torchkiln.measure.environment import collect as collect_environment
+from torchkiln.repair import judge as repair_judge
+from torchkiln.repair.arm import PLAN_KEY
+from torchkiln.repair.plan import check_mode as check_fix_mode
 from torchkiln.report.drift import baseline_drift
 from torchkiln.runner.executors import LocalExecutor, stream
 from torchkiln.runner.launch import preflight, run_trial
@@ -195,9 +198,11 @@ def tune(
     events: TuneEvents | None = None,
     spec_overrides: dict[str, Any] | None = None,
     in_process: bool = False,
+    fix: str = "code",
 ) -> dict[str, Any]:
     """Run the pipeline and write results.json, report.md and report.html into ``out``."""
     events = events or TuneEvents()
+    check_fix_mode(fix)
     t0 = time.monotonic()
     left = lambda: budget_s - (time.monotonic() - t0)  # noqa: E731
     out = Path(out)
@@ -278,6 +283,12 @@ def tune(
         stages["profile"] = gather.stage(gather.profile_verdict, base, min(300.0, left() / 4))
         events.stage("graph breaks", "kiln explain", left())
         stages["graph_breaks"] = gather.stage(gather.graph_breaks, base, min(300.0, left() / 4))
+    # Each break's remedies become candidates (torchkiln.repair): rewritten copies, patches.
+    stages["repair"], plan_doc = gather.repair_plan(
+        base, stages["graph_breaks"], fix, out / "repair"
+    )
+    if plan_doc is not None and plan_doc["fixes"]:
+        base = replace(base, extra={**base.extra, PLAN_KEY: plan_doc["path"]})
     conv, repeated = gather.model_facts(base)
     evidence = Evidence(
         device=device,
@@ -288,6 +299,7 @@ def tune(
         verdict=stages["profile"].get("verdict"),
         allow_precision=set(allow_precision),
         xla_available=all(importlib.util.find_spec(m) for m in ("jax", "torchax")),
+        fixes=list(plan_doc["fixes"]) if plan_doc else [],
     )
     plan = candidates(evidence)
     stages["search"] = {
@@ -345,6 +357,7 @@ def tune(
     def trial_done(cand: Candidate, r: dict[str, Any]) -> None:
         nonlocal next_index
         results.append(r)
+        repair_judge.mark(r, results, evidence.graph_breaks)
         running.discard(cand.spec)
         estimate.learn(cand, r)
         next_index = refine(
@@ -356,6 +369,10 @@ def tune(
     stream(slots, next_trial, run_one, trial_done)
     # In plan order, as one GPU would have run them (they finish in any order side by side).
     results[1:] = sorted(results[1:], key=lambda r: int(r["id"].split("-", 1)[0]))
+    for r in results:
+        repair_judge.mark(r, results, evidence.graph_breaks)
+    if plan_doc is not None and plan_doc["fixes"]:
+        stages["repair"]["break_costs"] = repair_judge.break_costs(plan_doc, results, eager)
     h2h = []
     if steps is None:
         h2h = _head_to_head_stage(
@@ -391,6 +408,9 @@ def tune(
             "variant": best["variant"],
             "code": recommend.code(best["variant"], step, device),
             "why": recommend.reasons(best, eager),
+            "fixes": None
+            if plan_doc is None
+            else repair_judge.shipped(plan_doc, best["variant"], out),
         },
         "trials": results,
         "head_to_head_trials": h2h,

@@ -116,4 +116,5 @@ def bert_base(preset: str = "full", batch_size: int | None = None, step: str = "
         meta={"batch": batch, "seq_len": seq},
     )
 
+
 from torchkiln.workloads import real as _real  # noqa: E402,F401  (registers the zoo of real models)
