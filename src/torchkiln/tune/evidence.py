@@ -85,7 +85,12 @@ def repair_plan(
         return {"status": "skipped", "reason": "--fix none"}, None
     if records is None:
         return {"status": "skipped", "reason": "no graph-break findings to act on"}, None
-    plan = build_plan(spec.workload, records, out_dir, fix)
+    try:
+        plan = build_plan(spec.workload, records, out_dir, fix)
+    except KilnUserError:
+        raise  # a file that vanished or cannot be read: the user's to fix (exit 2)
+    except Exception as exc:  # noqa: BLE001  (every failure becomes a reported status)
+        return {"status": "error", "reason": f"{type(exc).__name__}: {exc}"[:2000]}, None
     stage = {
         "status": "ok",
         "mode": fix,

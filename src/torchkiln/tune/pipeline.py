@@ -3,6 +3,7 @@ variants within a time budget, selection, report. Reads like the diagram in DESI
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import time
@@ -288,7 +289,11 @@ def tune(
         base, stages["graph_breaks"], fix, out / "repair"
     )
     if plan_doc is not None and plan_doc["fixes"]:
-        base = replace(base, extra={**base.extra, PLAN_KEY: plan_doc["path"]})
+        # The plan's digest too: a later tune into this directory reuses no remedied trial
+        # of a plan that has since changed (an edited model file).
+        digest = hashlib.sha256(Path(plan_doc["path"]).read_bytes()).hexdigest()
+        extra = {**base.extra, PLAN_KEY: plan_doc["path"], "repair_plan_sha256": digest}
+        base = replace(base, extra=extra)
     conv, repeated = gather.model_facts(base)
     evidence = Evidence(
         device=device,
