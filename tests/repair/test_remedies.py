@@ -77,3 +77,23 @@ def test_kiln_workloads_lists_the_zoo(capsys):
     out = capsys.readouterr().out
     for name in ("zoo-encoder", "zoo-gated-mlp", "zoo-smooth-net", "zoo-clean-mlp"):
         assert name in out
+
+
+def test_remedies_are_candidates_after_the_primaries_and_refine_the_leader():
+    from torchkiln.tune.search import Evidence, candidates, refinements
+
+    ev = Evidence(device="cuda", step="infer", graph_breaks=3, allow_precision={"bf16"},
+                  fixes=["code:all", "code:guard", "config:capture_scalar_outputs"])  # fmt: skip
+    specs = [c.spec for c in candidates(ev)]
+    assert specs[:4] == [
+        "inductor:dynamic=false+bf16",
+        "inductor:dynamic=false+bf16+fix=code:all",
+        "inductor:mode=reduce-overhead,dynamic=false+bf16",
+        "inductor:mode=reduce-overhead,dynamic=false+bf16+fix=code:all",
+    ]
+    assert "inductor:dynamic=false+bf16+fix=code:guard" in specs
+    assert "inductor:dynamic=false+bf16+fix=config:capture_scalar_outputs" in specs
+    first = refinements("inductor:mode=max-autotune,dynamic=false+bf16", ev)[0]
+    assert first.spec == "inductor:mode=max-autotune,dynamic=false+bf16+fix=code:all"
+    none = Evidence(device="cuda", step="infer", graph_breaks=3, allow_precision={"bf16"})
+    assert not any("+fix=" in c.spec for c in candidates(none))

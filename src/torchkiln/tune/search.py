@@ -188,9 +188,11 @@ def candidates(ev: Evidence) -> list[Candidate]:
     return out
 
 
-# Remedies right after the plain modes they repair: the encoder ran 4.4x faster with its
-# three breaks fixed than kiln's best plain mode. Each single remedy after the combinations, on
-# the first mode only (the per-break cost), before the autotuned modes.
+# Remedies right after the plain modes they repair: an encoder with a NaN guard, an .item() and
+# a log call per block ran 0.56 ms per step with the three fixed against 2.46 ms for the best
+# plain mode (H200, torch 2.11, bf16, batch 16 x 128, reduce-overhead). Each single remedy
+# after the combinations, on the first mode only (the per-break cost), before the autotuned
+# modes.
 REMEDY_COMBO_AFTER = 0.2
 REMEDY_SINGLE_PRIORITY = 1.5
 
@@ -202,8 +204,9 @@ def add_remedies(ev: Evidence, out: list[Candidate], add) -> None:  # noqa: ANN0
         return
     primaries = [c for c in out if c.primary]
     for c in primaries:
+        # A primary too: a short budget must reach the likely winner.
         add(f"{c.spec}+fix={ev.fixes[0]}", f"{c.why}, with the remedies for its graph breaks",
-            c.priority + REMEDY_COMBO_AFTER, c.compile_factor)  # fmt: skip
+            c.priority + REMEDY_COMBO_AFTER, c.compile_factor, True)  # fmt: skip
     if primaries:
         first = primaries[0]
         for j, token in enumerate(ev.fixes[1:]):
