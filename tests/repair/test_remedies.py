@@ -97,3 +97,23 @@ def test_remedies_are_candidates_after_the_primaries_and_refine_the_leader():
     assert first.spec == "inductor:mode=max-autotune,dynamic=false+bf16+fix=code:all"
     none = Evidence(device="cuda", step="infer", graph_breaks=3, allow_precision={"bf16"})
     assert not any("+fix=" in c.spec for c in candidates(none))
+
+
+def test_a_pick_with_remedies_ships_config_lines_and_fixes_patch(tmp_path):
+    from repair.helpers import kiln_breaks, project
+    from torchkiln.repair import judge
+    from torchkiln.repair.loader import import_file
+
+    proj = project(tmp_path, "scaled_head.py")
+    torch.manual_seed(0)
+    w = import_file(proj / "scaled_head.py").build(preset="tiny")
+    plan = build_plan(f"{proj / 'scaled_head.py'}:build", kiln_breaks(w.model, w.example_inputs),
+                      tmp_path / "repair")  # fmt: skip
+    out = tmp_path / "run"
+    out.mkdir()
+    shipped = judge.shipped(plan, "inductor+fix=all+fix=config:capture_scalar_outputs", out)
+    assert (out / "fixes.patch").read_text() == plan["code"]["all"]["patch"]
+    assert shipped["code"]["patch_file"] == "fixes.patch"
+    assert shipped["config"]["lines"] == ["torch._dynamo.config.capture_scalar_outputs = True"]
+    assert "configuration only" in shipped["config"]["changes"]
+    assert judge.shipped(plan, "inductor", tmp_path) is None

@@ -3,6 +3,7 @@ workload file that vanished before the rewrite. The user's files are never modif
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -91,12 +92,25 @@ def test_kiln_tune_on_a_zoo_model_ships_a_patch_that_explain_passes(tmp_path):
              "--budget", "8m", "--reps", "3", "--out", str(out))  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     assert sha256s(proj) == before
-    patch = out / "fixes.patch"
-    assert patch.exists(), (out / "report.md").read_text()
+    doc = json.loads((out / "results.json").read_text())
+    combined = next(
+        t for t in doc["trials"] if t["variant"] == "inductor:dynamic=false+fix=code:all"
+    )
+    assert combined["status"] == "ok" and combined["correctness"]["passed"]
+    assert combined["repair"]["graph_breaks_after"] == 0
     md = (out / "report.md").read_text()
-    assert "## Remedies in the pick" in md and "```diff" in md
     assert "What each graph break costs" in md
-    assert "fixes.patch" in (out / "report.html").read_text()
+    pick = doc["selection"]["best"]
+    patch = out / "fixes.patch"
+    if "+fix=code" in pick:
+        # The pick ships its patch: in the run directory, in both reports.
+        assert patch.exists()
+        assert "## Remedies in the pick" in md and "```diff" in md
+        assert "fixes.patch" in (out / "report.html").read_text()
+    else:
+        # Timing decided against the remedy on this host: its patch is still in the plan.
+        assert not patch.exists()
+        patch = out / "repair" / "code-all.patch"
     applied = tmp_path / "applied"
     shutil.copytree(proj, applied)
     p = subprocess.run(["patch", "-p1", "-i", str(patch)], cwd=applied, capture_output=True)

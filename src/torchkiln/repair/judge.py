@@ -82,7 +82,12 @@ def break_costs(
     the eager trial's clock, select.step_s), and the time the break costs."""
     by_spec = {r["variant"]: r for r in results}
     out = []
+    seen: set[tuple[Any, ...]] = set()
     for i, brk in enumerate(plan.get("breaks", [])):
+        key = (brk.get("file"), brk.get("line"), brk.get("category"))
+        if key in seen:
+            continue  # two records of one break (Dynamo logs some twice, by two types)
+        seen.add(key)
         rows = []
         for r in results:
             toks = fixes_of(r["variant"])
