@@ -354,7 +354,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         print("\n" + rec["code"] + "\n")
         from torchkiln.repair.report import console_lines
 
-        print("\n".join(console_lines(rec.get("fixes"), out)))
+        print("\n".join(console_lines(doc, out)))
     print(
         f"report: {out}/report.html, {out}/report.md, {out}/results.json "
         f"({doc['wall_s']:.0f} s of a {doc['budget_s']:.0f} s budget)"

@@ -21,10 +21,14 @@ def remedy_lines() -> list[str]:
     return out
 
 
-def console_lines(fixes: dict[str, Any] | None, out: str) -> list[str]:
+def console_lines(doc: dict[str, Any], out: str) -> list[str]:
+    """The pick's remedies (configuration lines, the patch), or why code was not rewritten."""
+    stage = (doc.get("stages") or {}).get("repair") or {}
+    fixes = (doc.get("recommendation") or {}).get("fixes")
+    note = [f"remedies: {stage['source_note']}"] if stage.get("source_note") else []
     if not fixes:
-        return []
-    lines = []
+        return note
+    lines = note
     if fixes["config"]["lines"]:
         lines.append("configuration (the model's code unchanged), before the first call:")
         lines += [f"  {ln}" for ln in fixes["config"]["lines"]]
