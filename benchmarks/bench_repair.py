@@ -11,8 +11,9 @@ paired speedups over eager; with --paired, each timed against the pick in one pr
 rep (OUT/<model>-plain/, as benchmarks/bench_tune.py does), a trial per mode per model. The
 pick's fixes.patch is then applied to a pristine copy of the model's files and `kiln explain`
 re-run on it: 0 breaks wherever the rewrite left no break alone. OUT/bench_repair.json holds
-the environment, every row and every patch. Goals: the picks' geometric mean over the best plain mode at least 2x (over the models
-with breaks), and no pick slower than the best plain mode (the interval's upper end >= 1).
+the environment, every row and every patch. Goals: the picks' geometric mean over the best
+plain mode at least 2x (over the models with breaks), and no pick slower than the best plain
+mode (the interval's upper end >= 1).
 --total-budget stops starting models once spent, so a GPU run stays within its time; the
 models not run are named in the JSON and the table.
 The default total (8m30s, 60 s per model) fits eight models at about a minute each (each tune's
