@@ -56,3 +56,31 @@ def test_goals_geomean_over_broken_models_and_no_pick_slower():
     assert goals["goal_geomean_2x"] is True
     assert goals["slower_than_best_plain"] == ["clean"]
     assert goals["goal_never_slower"] is False
+
+
+def test_reverify_applies_the_picks_patch_to_a_pristine_copy_and_finds_no_break(tmp_path):
+    import argparse
+
+    import torch
+
+    from repair.helpers import kiln_breaks, project, sha256s
+    from torchkiln.repair import judge
+    from torchkiln.repair.loader import import_file
+    from torchkiln.repair.plan import build_plan
+
+    br = _load()
+    proj = project(tmp_path, "smooth_net.py", "_smoothing.py")
+    before = sha256s(proj)
+    torch.manual_seed(0)
+    w = import_file(proj / "smooth_net.py").build(preset="tiny")
+    plan = build_plan(f"{proj / 'smooth_net.py'}:build", kiln_breaks(w.model, w.example_inputs),
+                      tmp_path / "repair")  # fmt: skip
+    out = tmp_path / "run"
+    out.mkdir()
+    fixes = judge.shipped(plan, "inductor+fix=code:all", out)
+    doc = {"recommendation": {"fixes": fixes}, "stages": {"repair": {"plan": plan["path"]}}}
+    got = br.reverify(doc, argparse.Namespace(preset="tiny", device="cpu"), out)
+    assert got["applied"] is True, got
+    assert got["claims_zero"] is True
+    assert got["breaks_after_patch"] == 0 and got["verified"] is True
+    assert sha256s(proj) == before
