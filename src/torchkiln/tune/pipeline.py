@@ -48,7 +48,7 @@ from torchkiln.tune.select import leader as current_leader
 TUNE_SCHEMA = "torchkiln.tune/1"
 # The graph-break stage's least time when remedies are searched: a 45 s GPU tune left explain
 # a quarter of what was left, too little to trace a model in a fresh process.
-EXPLAIN_FLOOR_S = 60.0
+EXPLAIN_FLOOR_S = 30.0
 
 
 class TuneEvents:
@@ -286,7 +286,7 @@ def tune(
         events.stage("profile", "where the eager step spends its time", left())
         stages["profile"] = gather.stage(gather.profile_verdict, base, min(300.0, left() / 4))
         events.stage("graph breaks", "kiln explain", left())
-        # Its findings are the remedies' source: at least a minute, even from a short budget.
+        # Its findings are the remedies' source: at least 30 s, even from a short budget.
         floor = 0.0 if fix == "none" else EXPLAIN_FLOOR_S
         stages["graph_breaks"] = gather.stage(
             gather.graph_breaks, base, min(300.0, max(floor, left() / 4))
