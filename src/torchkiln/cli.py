@@ -229,6 +229,13 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="then ship the pick to OUT/ship (as `kiln ship OUT`)",
     )
+    p.add_argument(
+        "--fix",
+        default="code",
+        metavar="none|config|code",
+        help="remedies for graph breaks measured as candidates: code (default: source rewrites "
+        "of a copy and configuration), config (Dynamo settings only) or none",
+    )
 
 
 class _TuneProgress:
@@ -337,6 +344,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise KilnUserError(
             f"--allow-precision {sorted(bad)}; choose from {sorted(NUMERICS_CHANGING)}"
         )
+    from torchkiln.repair.plan import check_mode
+
+    check_mode(args.fix)
     out = args.out or f"kiln-runs/tune-{args.workload.replace('/', '_')}-{args.step}"
     progress = _TuneProgress()
     doc = tune(
@@ -352,11 +362,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
         events=progress,
         spec_overrides={"reps": args.reps} if args.reps else None,
         history=_history_of(args),
+        fix=args.fix,
     )
     progress.flush()  # deferrals after the last stage
+    from torchkiln.repair.report import console_lines
     from torchkiln.tune.recommend import summary_lines
 
-    print("\n".join(summary_lines(doc, out)))
+    lines = summary_lines(doc, out)
+    if doc.get("recommendation"):  # the remedies the pick ships, before the closing report line
+        lines[-1:-1] = console_lines(doc, out)
+    print("\n".join(lines))
     _print_history(doc)
     if args.ship:
         from torchkiln.ship import cli as ship_cli
@@ -408,6 +423,9 @@ def cmd_variants(args: argparse.Namespace) -> int:
         ps = ", ".join(f"{k}={v}" for k, v in params.items())
         print(f"{name:12s} {ps}")
     print(f"policies: {' '.join('+' + p for p in (*PRECISIONS, *LAYOUTS))}")
+    from torchkiln.repair.report import remedy_lines
+
+    print("\n".join(remedy_lines()))
     return 0
 
 

@@ -168,6 +168,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="exit 1 when the workload has any graph break (for CI)",
     )
     parser.add_argument(
+        "--fix",
+        action="store_true",
+        help="print the source rewrites for the breaks as a unified diff on stdout (for "
+        "`git apply` or `patch -p1` in the project root) instead of the report; what is left "
+        "alone, and the configuration remedies, go to stderr. Nothing is modified",
+    )
+    parser.add_argument(
         "--timeout",
         type=float,
         default=DEFAULT_TIMEOUT_S,
@@ -203,6 +210,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json and args.json != "-":
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+    if getattr(args, "fix", False):
+        from torchkiln.repair.explain_fix import print_fix
+
+        return print_fix(args.workload, report, code)
     if args.json == "-":
         print(json.dumps(report, indent=2, default=str))
     else:

@@ -7,6 +7,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from torchkiln.repair import report as repair_report
 from torchkiln.report import evidence, svg, trend
 from torchkiln.report.table import fmt_accuracy, fmt_memory, fmt_ms, fmt_speedup, fmt_tflops
 from torchkiln.tune.select import step_s
@@ -104,6 +105,7 @@ def markdown(doc: dict[str, Any]) -> str:
         out += ["", "```python", rec["code"], "```", ""]
     else:
         out += ["**No variant passed.**", ""]
+    out += repair_report.markdown(doc)  # the pick's remedies as code, each break's cost
     out += [line for note in pick_notes(doc) for line in (evidence.md_inline(note), "")]
     rows = trial_rows(doc)
     if rows:
@@ -222,14 +224,18 @@ def html(doc: dict[str, Any], history: str | Path | bool | None = False) -> str:
         table += f"<h2>{escape(title)}</h2>" + _html_table(versus, list(versus[0]))
     pick = (
         (
-            f"<p><b>Pick: <code>{escape(rec['variant'])}</code></b> — "
-            f"{escape(sel.get('reason', ''))}</p><ul>"
-            + "".join(f"<li>{escape(w)}</li>" for w in rec["why"])
-            + f"</ul><pre>{escape(rec['code'])}</pre>"
+            (
+                f"<p><b>Pick: <code>{escape(rec['variant'])}</code></b> — "
+                f"{escape(sel.get('reason', ''))}</p><ul>"
+                + "".join(f"<li>{escape(w)}</li>" for w in rec["why"])
+                + f"</ul><pre>{escape(rec['code'])}</pre>"
+            )
+            if rec
+            else "<p>No variant passed.</p>"
         )
-        if rec
-        else "<p>No variant passed.</p>"
-    ) + "".join(f"<p>{evidence.html_inline(n)}</p>" for n in pick_notes(doc))
+        + repair_report.html(doc)
+        + "".join(f"<p>{evidence.html_inline(n)}</p>" for n in pick_notes(doc))
+    )
     found = evidence.render_html(evidence.evidence_lines(doc))
     return (
         "<!doctype html><html><head><meta charset='utf-8'>"

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkiln.errors import KilnUserError
+from torchkiln.repair.plan import check_mode as check_fix_mode
 from torchkiln.tune import inmemory, recommend
 
 
@@ -105,6 +106,7 @@ def tune(
     preset: str = "full",
     out: str | Path | None = None,
     history: str | Path | bool | None = None,
+    fix: str = "code",
     **overrides: Any,
 ) -> TuneResult:
     """Tune a workload spec (str), a factory function, or an in-memory model + example inputs.
@@ -112,7 +114,11 @@ def tune(
     An in-memory model is handed to each trial process with torch.save; where that cannot work
     (a class defined in __main__, an unpicklable model) trials run in this process instead,
     with a warning: no isolation from crashes, and Dynamo's caches are shared between trials.
-    ``history``: the store the result is appended to (None: the default, False: none)."""
+    ``history``: the store the result is appended to (None: the default, False: none).
+
+    ``fix`` (none, config or code) says which remedies for the model's graph breaks are measured
+    as candidates: code (the default) both source rewrites of a copy and configuration; config
+    only Dynamo settings; none neither. A model without a source file gets configuration only."""
     import torch
 
     from torchkiln.tune.pipeline import tune as run_pipeline
@@ -130,6 +136,7 @@ def tune(
         out=out,
         spec_overrides=overrides or None,
         history=history,
+        fix=check_fix_mode(fix),
     )
     if isinstance(model_or_factory, str):
         return TuneResult(run_pipeline(model_or_factory, **kwargs), out)

@@ -72,7 +72,39 @@ def graph_breaks(spec: TrialSpec, timeout_s: float) -> dict[str, Any]:
         "first_breaks": distinct_breaks(
             [{k: b.get(k) for k in ("file", "line", "source", "category", "fix")} for b in breaks]
         )[:5],
+        "records": breaks,  # every break in full: the repair plan reads them
     }
+
+
+def repair_plan(
+    spec: TrialSpec, found: dict[str, Any], fix: str, out_dir: Any
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(the repair stage's record, the plan) from the graph-break stage's findings: remedies
+    to measure for each break (torchkiln.repair), none when `fix` is none or nothing broke."""
+    from torchkiln.repair.plan import build_plan
+
+    records = found.pop("records", None)
+    if fix == "none":
+        return {"status": "skipped", "reason": "--fix none"}, None
+    if records is None:
+        return {"status": "skipped", "reason": "no graph-break findings to act on"}, None
+    try:
+        plan = build_plan(spec.workload, records, out_dir, fix)
+    except KilnUserError:
+        raise  # a file that vanished or cannot be read: the user's to fix (exit 2)
+    except Exception as exc:  # noqa: BLE001  (every failure becomes a reported status)
+        return {"status": "error", "reason": f"{type(exc).__name__}: {exc}"[:2000]}, None
+    stage = {
+        "status": "ok",
+        "mode": fix,
+        "plan": plan["path"],
+        "fixes": plan["fixes"],
+        "config": {k: v["title"] for k, v in plan["config"].items()},
+        "code": {k: [a["rewrite"] for a in v["applied"]] for k, v in plan["code"].items()},
+        "left_alone": plan["skipped"],
+        "source_note": plan["source_note"],
+    }
+    return stage, plan
 
 
 def stage(fn: Any, spec: TrialSpec, timeout_s: float) -> dict[str, Any]:

@@ -3,6 +3,7 @@ variants within a time budget, selection, report. Reads like the diagram in DESI
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import time
@@ -14,6 +15,9 @@ from typing import Any
 from torchkiln import __version__
 from torchkiln.errors import KilnUserError
 from torchkiln.measure.environment import collect as collect_environment
+from torchkiln.repair import judge as repair_judge
+from torchkiln.repair.arm import PLAN_KEY
+from torchkiln.repair.plan import check_mode as check_fix_mode
 from torchkiln.report.drift import baseline_drift
 from torchkiln.runner.launch.executors import LocalExecutor, stream
 from torchkiln.runner.launch.trial_process import preflight, run_trial
@@ -43,6 +47,9 @@ from torchkiln.tune.select import finalists, select
 from torchkiln.tune.select import leader as current_leader
 
 TUNE_SCHEMA = "torchkiln.tune/1"
+# The graph-break stage's least time when remedies are searched: a 45 s GPU tune left explain
+# a quarter of what was left, too little to trace a model in a fresh process.
+EXPLAIN_FLOOR_S = 30.0
 
 
 class TuneEvents:
@@ -194,11 +201,13 @@ def tune(
     spec_overrides: dict[str, Any] | None = None,
     in_process: bool = False,
     history: str | Path | bool | None = None,
+    fix: str = "code",
 ) -> dict[str, Any]:
     """Run the pipeline and write results.json, report.md and report.html into ``out``; the
     result is also appended to the history store ``history`` (None: the default, False: none),
     and the report draws the trend of earlier comparable runs found there."""
     events = events or TuneEvents()
+    check_fix_mode(fix)
     t0 = time.monotonic()
     left = lambda: budget_s - (time.monotonic() - t0)  # noqa: E731
     out = Path(out)
@@ -278,7 +287,21 @@ def tune(
         events.stage("profile", "where the eager step spends its time", left())
         stages["profile"] = gather.stage(gather.profile_verdict, base, min(300.0, left() / 4))
         events.stage("graph breaks", "kiln explain", left())
-        stages["graph_breaks"] = gather.stage(gather.graph_breaks, base, min(300.0, left() / 4))
+        # Its findings are the remedies' source: at least 30 s, even from a short budget.
+        floor = 0.0 if fix == "none" else EXPLAIN_FLOOR_S
+        stages["graph_breaks"] = gather.stage(
+            gather.graph_breaks, base, min(300.0, max(floor, left() / 4))
+        )
+    # Each break's remedies become candidates (torchkiln.repair): rewritten copies, patches.
+    stages["repair"], plan_doc = gather.repair_plan(
+        base, stages["graph_breaks"], fix, out / "repair"
+    )
+    if plan_doc is not None and plan_doc["fixes"]:
+        # The plan's digest too: a later tune into this directory reuses no remedied trial
+        # of a plan that has since changed (an edited model file).
+        digest = hashlib.sha256(Path(plan_doc["path"]).read_bytes()).hexdigest()
+        extra = {**base.extra, PLAN_KEY: plan_doc["path"], "repair_plan_sha256": digest}
+        base = replace(base, extra=extra)
     conv, repeated = gather.model_facts(base)
     evidence = Evidence(
         device=device,
@@ -289,6 +312,7 @@ def tune(
         verdict=stages["profile"].get("verdict"),
         allow_precision=set(allow_precision),
         xla_available=all(importlib.util.find_spec(m) for m in ("jax", "torchax")),
+        fixes=list(plan_doc["fixes"]) if plan_doc else [],
     )
     plan = candidates(evidence)
     stages["search"] = {
@@ -343,6 +367,7 @@ def tune(
     def trial_done(cand: Candidate, r: dict[str, Any]) -> None:
         nonlocal next_index
         results.append(r)
+        repair_judge.mark(r, results, evidence.graph_breaks)
         running.discard(cand.spec)
         estimate.learn(cand, r)
         next_index = refine(
@@ -354,6 +379,10 @@ def tune(
     stream(slots, next_trial, run_one, trial_done)
     # In plan order, as one GPU would have run them (they finish in any order side by side).
     results[1:] = sorted(results[1:], key=lambda r: int(r["id"].split("-", 1)[0]))
+    for r in results:
+        repair_judge.mark(r, results, evidence.graph_breaks)
+    if plan_doc is not None and plan_doc["fixes"]:
+        stages["repair"]["break_costs"] = repair_judge.break_costs(plan_doc, results, eager)
     h2h = []
     if steps is None:
         h2h = _head_to_head_stage(
@@ -392,6 +421,9 @@ def tune(
             "why": recommend.reasons(
                 best, eager, stages.get("graph_breaks"), len(selection.ranking) - 1
             ),
+            "fixes": None
+            if plan_doc is None
+            else repair_judge.shipped(plan_doc, best["variant"], out),
         },
         "trials": results,
         "head_to_head_trials": h2h,

@@ -113,6 +113,8 @@ class Variant:
     backend: Backend
     precision: str = "fp32"
     channels_last: bool = False
+    # Remedies for graph breaks (torchkiln.repair): `+fix=code:all`, `+fix=config:NAME`.
+    fixes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _choice(self.precision, PRECISIONS, "precision")
@@ -226,7 +228,10 @@ def parse_variant(spec: str) -> Variant:
             )
         kwargs[key] = _coerce(raw, fields[key].default, key, name)
     backend = cls(**kwargs)
+    from torchkiln.repair import policy as fix_policy
+
     precision, channels_last = "fp32", False
+    fixes: list[str] = []
     seen_precision = False
     for pol in policies:
         if pol in PRECISIONS:
@@ -235,11 +240,31 @@ def parse_variant(spec: str) -> Variant:
             precision, seen_precision = pol, True
         elif pol in LAYOUTS:
             channels_last = True
+        elif pol.startswith(fix_policy.PREFIX):
+            try:
+                fixes.append(fix_policy.parse_fix(pol))
+            except KilnUserError as exc:
+                raise VariantSpecError(str(exc)) from exc
         else:
             raise VariantSpecError(
-                f"unknown policy {pol!r}; choose from {list(PRECISIONS) + list(LAYOUTS)}"
+                f"unknown policy {pol!r}; choose from "
+                f"{list(PRECISIONS) + list(LAYOUTS) + ['fix=...']}"
             )
-    return Variant(backend=backend, precision=precision, channels_last=channels_last)
+    return Variant(
+        backend=backend,
+        precision=precision,
+        channels_last=channels_last,
+        fixes=_canonical_fixes(fixes),
+    )
+
+
+def _canonical_fixes(fixes: list[str]) -> tuple[str, ...]:
+    from torchkiln.repair.policy import canonical
+
+    try:
+        return canonical(fixes)
+    except KilnUserError as exc:
+        raise VariantSpecError(str(exc)) from exc
 
 
 def split_variants(text: str) -> list[str]:
@@ -272,6 +297,8 @@ def format_variant(v: Variant) -> str:
         out += "+" + v.precision
     if v.channels_last:
         out += "+channels_last"
+    for token in v.fixes:
+        out += "+fix=" + token
     return out
 
 

@@ -30,12 +30,17 @@ def _import_factory(spec: str):
             raise WorkloadSpecError(f"cannot import {str(path)!r} as a Python file")
         module = importlib.util.module_from_spec(module_spec)
         sys.modules[mod_name] = module
+        # As `python file.py` would: the file's directory first, for the files it imports.
+        here = str(path.resolve().parent)
+        sys.path.insert(0, here)
         try:
             module_spec.loader.exec_module(module)
         except Exception as exc:  # noqa: BLE001  (every failure becomes a reported status)
             raise WorkloadSpecError(
                 f"importing {str(path)!r} raised {type(exc).__name__}: {exc}"
             ) from exc
+        finally:
+            sys.path.remove(here)
     else:
         try:
             module = importlib.import_module(target)

@@ -115,3 +115,6 @@ def bert_base(preset: str = "full", batch_size: int | None = None, step: str = "
         description="BERT-base sequence classification",
         meta={"batch": batch, "seq_len": seq},
     )
+
+
+from torchkiln.workloads import real as _real  # noqa: E402,F401  (registers the zoo of real models)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from torchkiln.repair import arm as repair_arm
 from torchkiln.runner.protocol.arm_facts import arm_facts
 from torchkiln.runner.protocol.optim_state import CannotPrime, prime_optimizer_state
 from torchkiln.runner.protocol.settings import (
@@ -131,8 +132,13 @@ def build_arm(
     if fp64 and variant.backend.name != "eager":
         raise ValueError("the fp64 reference is always eager")
     seed_everything(spec.seed)
-    workload = load_workload(
-        spec.workload, preset=spec.preset, batch_size=spec.batch_size, step=spec.step
+    # A `+fix=` variant (torchkiln.repair) loads the rewritten copy with the original's weights.
+    workload, fixes = repair_arm.load_for(
+        spec,
+        variant,
+        lambda: load_workload(
+            spec.workload, preset=spec.preset, batch_size=spec.batch_size, step=spec.step
+        ),
     )
     # The steps besides compiling, shared with the recommendation's code (runner.arm_facts).
     facts = arm_facts(variant, workload.step, spec.device)
@@ -144,6 +150,7 @@ def build_arm(
     if facts.channels_last:
         model = model.to(memory_format=torch.channels_last)
     inputs = _prepare_inputs(workload.example_inputs, spec.device, fp64, facts.channels_last)
+    repair_arm.mark_inputs_dynamic(inputs, fixes)
     targets = map_tensors(workload.targets, lambda t: t.to(spec.device))
     backend = variant.backend
     precision = variant.precision
@@ -196,7 +203,7 @@ def build_arm(
 
     def step() -> Any:
         backend.before_step()
-        with precision_flags(precision):
+        with precision_flags(precision), repair_arm.around_calls(fixes):
             return compiled_step()
 
     return Arm(variant=variant, workload=workload, model=model, step=step, inputs=inputs)

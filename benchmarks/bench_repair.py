@@ -1,0 +1,287 @@
+"""GPU evidence for graph-break remedies: `kiln tune` (remedies as candidates, --fix code) on
+each zoo model with breaks, against the best plain `torch.compile` mode on the unmodified model.
+
+    PYTHONPATH=src python3 benchmarks/bench_repair.py --out benchmarks/results/repair-h200
+
+For each model: one `kiln tune --allow-precision bf16` run (OUT/<model>/), and the plain modes
+(--plain-modes of default, reduce-overhead, max-autotune-no-cudagraphs, max-autotune, at the
+pick's precision, the model as written): by default the ones the tune itself measured (its
+primaries are the plain default and reduce-overhead modes), each against the pick through their
+paired speedups over eager; with --paired, each timed against the pick in one process, rep by
+rep (OUT/<model>-plain/, as benchmarks/bench_tune.py does), a trial per mode per model. The
+pick's fixes.patch is then applied to a pristine copy of the model's files and `kiln explain`
+re-run on it: 0 breaks wherever the rewrite left no break alone. OUT/bench_repair.json holds
+the environment, every row and every patch. Goals: the picks' geometric mean over the best
+plain mode at least 2x (over the models with breaks), and no pick slower than the best plain
+mode (the interval's upper end >= 1).
+--total-budget stops starting models once spent, so a GPU run stays within its time; the
+models not run are named in the JSON and the table.
+The default total (8m30s, 60 s per model) fits eight models at about a minute each (each tune's
+stages plus its primaries and their remedied twins); --paired adds a trial per plain mode.
+CPU check of the script itself: --device cpu --preset tiny --budget 2m.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_tune import PLAIN_MODES, pick_over_plain, plain_specs  # noqa: E402
+from torchkiln.api import bench  # noqa: E402
+from torchkiln.repair.arm import PLAN_KEY  # noqa: E402
+from torchkiln.tune import tune  # noqa: E402
+from torchkiln.tune.api import parse_budget  # noqa: E402
+from torchkiln.variants import parse_variant  # noqa: E402
+from torchkiln.workloads.real import ZOO  # noqa: E402
+
+GOAL_GEOMEAN = 2.0
+
+
+def plain_against_pick(
+    args: argparse.Namespace, model: str, pick: str, plan: str | None, out: Path
+) -> dict[str, Any]:
+    """The plain modes on the unmodified model, each timed against the (remedied) pick."""
+    precision = parse_variant(pick).precision
+    modes = tuple(m for m in args.plain_modes.split(",") if m)
+    variants = [v for v in plain_specs(precision, modes) if v != pick]
+    if not variants:
+        return {"pick_over_plain": {}, "not_measured": {}, "best_plain": None}
+    overrides: dict[str, Any] = {"check_accuracy": False}  # the bar, not a candidate
+    if plan:
+        overrides["extra"] = {PLAN_KEY: plan}  # the pick's arm is built from its repair plan
+    doc = bench(
+        model,
+        variants,
+        device=args.device,
+        preset=args.preset,
+        baseline=pick,
+        out=out,
+        timeout_s=args.plain_timeout,
+        spec_overrides=overrides,
+    )
+    return {**pick_over_plain(doc), "environment": doc.get("environment")}
+
+
+def _is_plain(spec: str, mode: str, precision: str) -> bool:
+    """torch.compile in ``mode`` over the unmodified model at ``precision``, nothing else."""
+    v = parse_variant(spec)
+    b = v.backend
+    return (
+        v.name == "inductor"
+        and not v.fixes
+        and not v.channels_last
+        and v.precision == precision
+        and b.mode == mode
+        and b.scope == "model"
+        and not b.freezing
+    )
+
+
+def plain_from_tune(doc: dict[str, Any], pick: str, modes: tuple[str, ...]) -> dict[str, Any]:
+    """The plain modes the tune itself measured on the unmodified model at the pick's
+    precision, against the pick: both paired with the eager runs of their own trials, so the
+    ratio is pick speedup over plain speedup, its interval the widest the two allow."""
+    precision = parse_variant(pick).precision
+    p = next(t for t in doc["trials"] if t["variant"] == pick)["speedup"]
+    rows, missing = {}, {}
+    for mode in modes:
+        t = next((t for t in doc["trials"] if _is_plain(t["variant"], mode, precision)), None)
+        if t is None or t.get("status") != "ok" or not t.get("speedup"):
+            why = "not measured by the tune" if t is None else f"{t['status']}: {t.get('reason')}"
+            missing[mode] = why
+            continue
+        q = t["speedup"]
+        rows[t["variant"]] = {
+            "ratio": p["median"] / q["median"],
+            "ci95": [p["ci95"][0] / q["ci95"][1], p["ci95"][1] / q["ci95"][0]],
+        }
+    best = min(rows, key=lambda v: rows[v]["ratio"]) if rows else None
+    return {
+        "pick_over_plain": rows,
+        "not_measured": missing,
+        "best_plain": best,
+        "pick_over_best_plain": rows[best] if best else None,
+        "from": "the tune's own trials",
+    }
+
+
+def reverify(doc: dict[str, Any], args: argparse.Namespace, out: Path) -> dict[str, Any] | None:
+    """Apply the pick's fixes.patch to a pristine copy of the model's files, explain it again."""
+    from torchkiln.diagnose.explain import explain
+
+    fixes = (doc.get("recommendation") or {}).get("fixes") or {}
+    code = fixes.get("code")
+    if not code:
+        return None
+    plan = json.loads(Path(doc["stages"]["repair"]["plan"]).read_text())
+    src = plan["source"]
+    copy_root, diff_root = Path(src["copy_root"]), Path(src["diff_root"])
+    with tempfile.TemporaryDirectory(prefix="kiln-reverify-") as tmp:
+        tree = Path(tmp)
+        rel = copy_root.relative_to(diff_root)
+        shutil.copytree(
+            copy_root, tree / rel, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True
+        )
+        patch = out / "fixes.patch"
+        applied = subprocess.run(
+            ["patch", "-p1", "-i", str(patch)], cwd=tree, capture_output=True, text=True
+        )
+        if applied.returncode != 0:
+            return {"applied": False, "error": (applied.stdout + applied.stderr)[-2000:]}
+        entry = tree / rel / Path(src["entry"]).name
+        report = explain(
+            f"{entry}:{src['factory']}", preset=args.preset, device=args.device, recompiles=False
+        )
+    breaks = len(report.get("breaks") or [])
+    claims_zero = not plan["skipped"] and not fixes["config"]["remedies"]
+    return {
+        "applied": True,
+        "explain_status": report.get("status"),
+        "breaks_after_patch": breaks,
+        "claims_zero": claims_zero,
+        "verified": (breaks == 0) if claims_zero else None,
+    }
+
+
+def run_model(args: argparse.Namespace, model: str, out: Path) -> dict[str, Any]:
+    print(f"== tune {model} (budget {args.budget})", flush=True)
+    doc = tune(
+        model,
+        device=args.device,
+        budget=args.budget,
+        allow_precision=[p for p in args.allow_precision.split(",") if p],
+        preset=args.preset,
+        out=out / model,
+        fix="code",
+    ).doc
+    pick = (doc.get("selection") or {}).get("best")
+    trials = {t["variant"]: t for t in doc["trials"]}
+    stage = doc["stages"].get("repair") or {}
+    row: dict[str, Any] = {
+        "model": model,
+        "pick": pick,
+        "pick_speedup_vs_eager": (trials.get(pick) or {}).get("speedup"),
+        "breaks": doc["stages"].get("graph_breaks", {}).get("breaks"),
+        "remedies": stage.get("fixes"),
+        "tune_wall_s": doc.get("wall_s"),
+        "fixes": (doc.get("recommendation") or {}).get("fixes"),
+        "break_costs": stage.get("break_costs"),
+    }
+    row["environment"] = doc.get("environment")
+    if pick:
+        modes = tuple(m for m in args.plain_modes.split(",") if m)
+        if args.paired:
+            print(f"== plain modes vs the pick {pick}", flush=True)
+            plan = stage.get("plan") if parse_variant(pick).fixes else None
+            row["plain"] = plain_against_pick(args, model, pick, plan, out / f"{model}-plain")
+            row["plain"].pop("environment", None)
+        else:
+            row["plain"] = plain_from_tune(doc, pick, modes)
+        row["reverify"] = reverify(doc, args, out / model)
+    best = (row.get("plain") or {}).get("pick_over_best_plain")
+    row["over_best_plain"] = best
+    row["never_slower"] = None if best is None else best["ci95"][1] >= 1.0
+    return row
+
+
+def judge(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    broken = [r for r in rows if r.get("breaks") and r.get("over_best_plain")]
+    ratios = [r["over_best_plain"]["ratio"] for r in broken]
+    geomean = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None
+    slower = [r["model"] for r in rows if r.get("never_slower") is False]
+    unverified = [r["model"] for r in rows if (r.get("reverify") or {}).get("verified") is False]
+    return {
+        "geomean_over_best_plain": geomean,
+        "goal_geomean_2x": None if geomean is None else geomean >= GOAL_GEOMEAN,
+        "slower_than_best_plain": slower,
+        "goal_never_slower": not slower,
+        "patches_not_verified": unverified,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="benchmarks/results/repair-h200")
+    ap.add_argument("--models", default=",".join(ZOO), help="zoo models (comma-separated)")
+    ap.add_argument("--budget", default="60s", help="each model's tune budget")
+    ap.add_argument("--total-budget", default="8m30s", help="no model is started after this")
+    ap.add_argument("--allow-precision", default="bf16")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--preset", default="full")
+    ap.add_argument(
+        "--plain-modes",
+        default="default,reduce-overhead",
+        help=f"plain modes compared (of {','.join(PLAIN_MODES)}); the autotuned two compile for "
+        "minutes each and do not fit the total budget beside eight tunes: add them for a longer "
+        "run",
+    )
+    ap.add_argument("--plain-timeout", type=float, default=120.0, help="seconds per plain trial")
+    ap.add_argument(
+        "--paired",
+        action="store_true",
+        help="time each plain mode against the pick in one process (bench_tune's way; a trial "
+        "per mode per model) instead of reading the plain modes the tune measured",
+    )
+    args = ap.parse_args(argv)
+    models = [m for m in args.models.split(",") if m]
+    unknown = sorted(set(models) - set(ZOO))
+    if unknown:
+        ap.error(f"--models: unknown {unknown}; known: {', '.join(ZOO)}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    total = parse_budget(args.total_budget)
+    t0 = time.monotonic()
+    rows: list[dict[str, Any]] = []
+    not_run: list[str] = []
+    env = None
+    for model in models:
+        if time.monotonic() - t0 > total:
+            not_run.append(model)
+            continue
+        rows.append(run_model(args, model, out))
+        env = env or rows[-1].get("environment")
+        doc = {
+            "schema": "kiln.bench_repair/1",
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "command": " ".join([sys.executable, *sys.argv]),
+            "environment": env,
+            "rows": rows,
+            "not_run": not_run,
+            "goals": judge(rows),
+            "wall_s": time.monotonic() - t0,
+        }
+        (out / "bench_repair.json").write_text(json.dumps(doc, indent=2, default=str))
+    goals = judge(rows)
+    print()
+    print(f"{'model':<20} {'breaks':>6} {'pick':<60} {'vs best plain':>14}  patch")
+    for r in rows:
+        best = r.get("over_best_plain")
+        over = "-" if not best else f"{best['ratio']:.2f}x {'' if r['never_slower'] else 'SLOWER'}"
+        ver = r.get("reverify") or {}
+        patch = "-" if not ver else f"{ver.get('breaks_after_patch')} breaks after"
+        print(f"{r['model']:<20} {r.get('breaks')!s:>6} {r['pick']!s:<60} {over:>14}  {patch}")
+    for m in not_run:
+        print(f"{m:<20} not run: --total-budget {args.total_budget} spent")
+    g = goals["geomean_over_best_plain"]
+    print(
+        f"geomean over the best plain mode: {'-' if g is None else f'{g:.2f}x'} "
+        f"(goal >= {GOAL_GEOMEAN}x: {goals['goal_geomean_2x']}); no pick slower: "
+        f"{goals['goal_never_slower']}; patches not verified: {goals['patches_not_verified']}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

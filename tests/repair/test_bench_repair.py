@@ -1,0 +1,86 @@
+"""bench_repair.py's summaries as pure functions over made-up documents (no trial runs): the
+pick against the plain modes the tune measured, and the goals (geometric mean over the best
+plain mode, no pick slower)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location(
+        "bench_repair", ROOT / "benchmarks" / "bench_repair.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _trial(variant: str, median: float, lo: float, hi: float) -> dict:
+    return {"variant": variant, "status": "ok", "speedup": {"median": median, "ci95": [lo, hi]}}
+
+
+def test_the_pick_is_compared_with_the_plain_modes_the_tune_measured():
+    br = _load()
+    pick = "inductor:mode=reduce-overhead,dynamic=false+bf16+fix=code:all"
+    doc = {
+        "trials": [
+            _trial("eager", 1.0, 0.99, 1.01),
+            _trial("inductor:dynamic=false+bf16", 1.5, 1.4, 1.6),
+            _trial("inductor:mode=reduce-overhead,dynamic=false+bf16", 2.0, 1.9, 2.1),
+            _trial("inductor:dynamic=false+bf16+fix=code:all", 5.0, 4.8, 5.2),
+            _trial(pick, 8.0, 7.6, 8.4),
+        ]
+    }
+    got = br.plain_from_tune(doc, pick, ("default", "reduce-overhead", "max-autotune"))
+    assert got["best_plain"] == "inductor:mode=reduce-overhead,dynamic=false+bf16"
+    assert got["pick_over_best_plain"]["ratio"] == 4.0
+    assert got["pick_over_best_plain"]["ci95"] == [7.6 / 2.1, 8.4 / 1.9]
+    assert got["not_measured"] == {"max-autotune": "not measured by the tune"}
+
+
+def test_goals_geomean_over_broken_models_and_no_pick_slower():
+    br = _load()
+    rows = [
+        {"model": "a", "breaks": 3, "over_best_plain": {"ratio": 4.0}, "never_slower": True},
+        {"model": "b", "breaks": 1, "over_best_plain": {"ratio": 1.0}, "never_slower": True},
+        {"model": "clean", "breaks": 0, "over_best_plain": {"ratio": 0.9}, "never_slower": False},
+    ]
+    goals = br.judge(rows)
+    assert goals["geomean_over_best_plain"] == 2.0
+    assert goals["goal_geomean_2x"] is True
+    assert goals["slower_than_best_plain"] == ["clean"]
+    assert goals["goal_never_slower"] is False
+
+
+def test_reverify_applies_the_picks_patch_to_a_pristine_copy_and_finds_no_break(tmp_path):
+    import argparse
+
+    import torch
+
+    from repair.helpers import kiln_breaks, project, sha256s
+    from torchkiln.repair import judge
+    from torchkiln.repair.loader import import_file
+    from torchkiln.repair.plan import build_plan
+
+    br = _load()
+    proj = project(tmp_path, "smooth_net.py", "_smoothing.py")
+    before = sha256s(proj)
+    torch.manual_seed(0)
+    w = import_file(proj / "smooth_net.py").build(preset="tiny")
+    plan = build_plan(f"{proj / 'smooth_net.py'}:build", kiln_breaks(w.model, w.example_inputs),
+                      tmp_path / "repair")  # fmt: skip
+    out = tmp_path / "run"
+    out.mkdir()
+    fixes = judge.shipped(plan, "inductor+fix=code:all", out)
+    doc = {"recommendation": {"fixes": fixes}, "stages": {"repair": {"plan": plan["path"]}}}
+    got = br.reverify(doc, argparse.Namespace(preset="tiny", device="cpu"), out)
+    assert got["applied"] is True, got
+    assert got["claims_zero"] is True
+    assert got["breaks_after_patch"] == 0 and got["verified"] is True
+    assert sha256s(proj) == before
