@@ -1,7 +1,7 @@
 """GPU evidence for graph-break remedies: `kiln tune` (remedies as candidates, --fix code) on
 each zoo model with breaks, against the best plain `torch.compile` mode on the unmodified model.
 
-    PYTHONPATH=src python3 benchmarks/bench_repair.py --out benchmarks/results/repair-h200
+    PYTHONPATH=src python3 benchmarks/bench_repair.py --out benchmarks/results/repair/h200
 
 For each model: one `kiln tune --allow-precision bf16` run (OUT/<model>/), and the plain modes
 (--plain-modes of default, reduce-overhead, max-autotune-no-cudagraphs, max-autotune, at the
@@ -213,7 +213,7 @@ def judge(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="benchmarks/results/repair-h200")
+    ap.add_argument("--out", default="benchmarks/results/repair/h200")
     ap.add_argument("--models", default=",".join(ZOO), help="zoo models (comma-separated)")
     ap.add_argument("--budget", default="60s", help="each model's tune budget")
     ap.add_argument("--total-budget", default="8m30s", help="no model is started after this")
