@@ -61,6 +61,11 @@ def graph_breaks(spec: TrialSpec, timeout_s: float) -> dict[str, Any]:
     )
     if report.get("status") not in ("ok", "phase-error"):
         return {"status": report.get("status"), "breaks": None}
+    capture = (report.get("phases") or {}).get("capture") or {}
+    if report.get("status") == "phase-error" and capture.get("status") != "ok":
+        # The capture found nothing because it failed, not because nothing broke: an unknown
+        # count, so the search does not take `fullgraph=true` on a model that may break.
+        return {"status": "phase-error", "breaks": None, "reason": report.get("error")}
     breaks = report.get("breaks") or []
     return {
         "status": report.get("status"),
