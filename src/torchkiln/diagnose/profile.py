@@ -14,6 +14,7 @@ from typing import Any
 
 from torchkiln.diagnose._subproc import run_json_worker
 from torchkiln.errors import KilnUserError
+from torchkiln.runner.compile_cache import prepare as prepare_cache
 
 WORKER = "torchkiln.diagnose.profile_worker"
 DEFAULT_STEPS = 5
@@ -83,13 +84,16 @@ def run_profile(
         if kept is not None:
             kept.parent.mkdir(parents=True, exist_ok=True)
         req["trace_path"] = str(kept or Path(tmp) / "trace.json")
-        cache = Path(cache_dir) if cache_dir else Path(tmp) / "compile-cache"
+        cache = prepare_cache(Path(tmp), cache_dir)  # a plain path the C++ compiler takes
         env = {
-            "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
-            "TRITON_CACHE_DIR": str(cache / "triton"),
+            "TORCHINDUCTOR_CACHE_DIR": str(cache.given / "inductor"),
+            "TRITON_CACHE_DIR": str(cache.given / "triton"),
             "PYTHONUNBUFFERED": "1",
         }
-        proc, doc = run_json_worker(WORKER, req, tmp, timeout=timeout_s, env=env)
+        try:
+            proc, doc = run_json_worker(WORKER, req, tmp, timeout=timeout_s, env=env)
+        finally:
+            cache.remove()
         if doc is None:
             doc = {"schema": "kiln.profile/1", "request": req, "phase": "start"}
     doc["request"] = {**req, "trace_path": str(kept) if kept else None}
