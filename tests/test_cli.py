@@ -115,7 +115,11 @@ def test_lists_come_from_the_registries():
     "command, target, says",
     [
         (["tune", "--device", "cpu"], "torchkiln.tune.pipeline", "same --out, reuses them"),
-        (["bench", "simple", "--device", "cpu"], "torchkiln.api", "--resume DIR"),
+        (
+            ["bench", "simple", "--device", "cpu", "--out", "kiln-runs/b"],
+            "torchkiln.api",
+            "--resume kiln-runs/b",
+        ),
     ],
 )
 def test_a_ctrl_c_exits_130_saying_how_to_go_on(command, target, says, monkeypatch, capsys):

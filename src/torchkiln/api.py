@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import shutil
 import sys
 import tempfile
 import time
@@ -49,6 +50,7 @@ def resolve_preset(preset: str, device: str) -> str:
 class TrialEvents:
     """Progress hooks; the CLI draws a progress bar from these."""
 
+    def preflight(self, timeout_s: float) -> None: ...
     def trial_started(self, index: int, total: int, spec: TrialSpec) -> None: ...
     def trial_phase(self, spec: TrialSpec, phase: str) -> None: ...
     def trial_finished(self, spec: TrialSpec, result: dict[str, Any], resumed: bool) -> None: ...
@@ -114,6 +116,7 @@ def bench(
     else:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         run = RunDir(out or Path("kiln-runs") / f"{stamp}-{Path(workload).stem}-{step}")
+    created = not run.path.exists()
     base_spec = TrialSpec(
         workload=workload,
         variant="eager",
@@ -124,9 +127,6 @@ def bench(
         batch_size=batch_size,
         **(spec_overrides or {}),
     )
-    check = preflight(base_spec, run.path / "preflight", timeout_s)
-    if not check.get("ok"):
-        raise KilnUserError(check.get("message", "the workload could not be loaded"))
     specs = [replace(base_spec, variant=v, index=i) for i, v in enumerate(canonical)]
     ids = [s.id for s in specs]
     info = {
@@ -141,7 +141,15 @@ def bench(
         "executor": executor.describe(),
         **({"dist": dist_opts} if dist_opts else {}),
     }
+    # Written before the workload is loaded, so that a run stopped there can be resumed.
     run.write_manifest(info, ids)
+    if hasattr(events, "preflight"):  # events written before this hook have none
+        events.preflight(timeout_s)
+    check = preflight(base_spec, run.path / "preflight", timeout_s)
+    if not check.get("ok"):
+        if created:  # a refused workload leaves no run directory behind
+            shutil.rmtree(run.path, ignore_errors=True)
+        raise KilnUserError(check.get("message", "the workload could not be loaded"))
     by_id: dict[str, dict[str, Any]] = {}
     todo, stale = [], {}
     for spec in specs:

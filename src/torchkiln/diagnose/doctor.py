@@ -153,11 +153,12 @@ _STYLE = {"ok": "green", "info": "blue", "warn": "yellow", "fail": "bold red"}
 
 
 def render(report: dict[str, Any], console: Any = None) -> None:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    con = console or Console(highlight=False)
+    from torchkiln.console import make_console
+
+    con = console or make_console(highlight=False)
     table = Table(title="kiln doctor", show_lines=True, title_justify="left")
     table.add_column("check", no_wrap=True)
     table.add_column("status", no_wrap=True)
