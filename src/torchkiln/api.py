@@ -13,7 +13,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from torchkiln import __version__
+from torchkiln import __version__, defaults
 from torchkiln.errors import KilnUserError
 from torchkiln.report.drift import baseline_drift
 from torchkiln.runner.dist_launch import check_dist, run_dist_trial
@@ -41,10 +41,8 @@ def default_variants(device: str) -> list[str]:
 
 
 def resolve_preset(preset: str, device: str) -> str:
-    """`auto` is `full` on a GPU and `tiny` on the CPU, where full-size steps take seconds."""
-    if preset == "auto":
-        return "full" if device.startswith("cuda") else "tiny"
-    return preset
+    """`auto` is `full` on a GPU and `tiny` on the CPU (torchkiln.defaults)."""
+    return defaults.preset(preset, device)
 
 
 class TrialEvents:
@@ -81,12 +79,12 @@ def bench(
     *,
     step: str = "infer",
     device: str = "cpu",
-    preset: str = "auto",
+    preset: str = defaults.PRESET,
     baseline: str = "eager",
     batch_size: int | None = None,
     out: str | Path | None = None,
     resume: str | Path | None = None,
-    timeout_s: float = 900.0,
+    timeout_s: float = defaults.TRIAL_TIMEOUT_S,
     cache_dir: str | None = None,
     events: TrialEvents | None = None,
     spec_overrides: dict[str, Any] | None = None,

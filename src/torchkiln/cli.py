@@ -447,11 +447,20 @@ def cmd_workloads(args: argparse.Namespace) -> int:
 
 
 def cmd_variants(args: argparse.Namespace) -> int:
-    from torchkiln.variants.base import LAYOUTS, PRECISIONS, backend_choices
+    from torchkiln.variants.base import (
+        LAYOUTS,
+        PRECISIONS,
+        allowed_values,
+        backend_choices,
+        backends,
+    )
 
     for name, params in backend_choices().items():
         ps = ", ".join(f"{k}={v}" for k, v in params.items())
         print(f"{name:12s} {ps}")
+        for key, allowed in allowed_values(backends()[name]).items():
+            shown = " | ".join(allowed) if isinstance(allowed, list) else f"any {allowed}"
+            print(f"{'':14s}{key}: {shown}")
     print(f"policies: {' '.join('+' + p for p in (*PRECISIONS, *LAYOUTS))}")
     return 0
 

@@ -17,6 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from torchkiln.cli_args import positive_float
 from torchkiln.diagnose._subproc import run_module
 from torchkiln.diagnose.doctor_checks import (
     EXTRAS,
@@ -183,13 +184,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=positive_float,
         default=DEFAULT_PROBE_TIMEOUT_S,
         help="seconds for each compile probe (default %(default)s)",
     )
 
 
 def run(args: argparse.Namespace) -> int:
+    from torchkiln.cli_args import check_inputs
+
+    check_inputs(args, files=("json",))
     report = run_doctor(probe_timeout=args.timeout)
     if args.json == "-":
         print(json.dumps(report, indent=2))

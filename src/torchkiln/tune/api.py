@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torchkiln import defaults
 from torchkiln.errors import KilnUserError
 from torchkiln.tune import inmemory, recommend
 
@@ -63,10 +64,10 @@ def tune(
     *,
     step: str = "infer",
     device: str | None = None,
-    budget: str | float = "10m",
+    budget: str | float = defaults.BUDGET,
     steps: int | None = None,
     allow_precision: tuple[str, ...] | list[str] = (),
-    preset: str = "full",
+    preset: str = defaults.PRESET,
     out: str | Path | None = None,
     **overrides: Any,
 ) -> TuneResult:
@@ -74,19 +75,21 @@ def tune(
 
     An in-memory model is handed to each trial process with torch.save; where that cannot work
     (a class defined in __main__, an unpicklable model) trials run in this process instead,
-    with a warning: no isolation from crashes, and Dynamo's caches are shared between trials."""
+    with a warning: no isolation from crashes, and Dynamo's caches are shared between trials.
+    ``budget`` and ``preset`` default as `kiln tune`'s do (torchkiln.defaults: 15 minutes and
+    the full preset on a GPU, 4 minutes and the tiny preset on the CPU)."""
     import torch
 
     from torchkiln.tune.pipeline import tune as run_pipeline
 
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = defaults.device(device)
     out = Path(out or Path("kiln-runs") / f"tune-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     kwargs = dict(
         step=step,
         device=device,
-        preset=preset,
-        budget_s=parse_budget(budget),
+        preset=defaults.preset(preset, device),
+        budget_s=parse_budget(defaults.budget(budget, device)),
         steps=steps,
         allow_precision=set(allow_precision),
         out=out,
