@@ -283,7 +283,7 @@ def _kept_measurement(trial_dir: Path, failure: dict[str, Any]) -> dict[str, Any
 
 
 def preflight(spec: TrialSpec, work_dir: Path, timeout_s: float) -> dict[str, Any]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = launcher_env(dict(os.environ, PYTHONUNBUFFERED="1"))
     run = _spawn("preflight", spec, work_dir, timeout_s, env, None)
     result, code = run.result, run.code
     if run.stopped_by:
