@@ -4,7 +4,9 @@ and a refused one ends in one line naming the option, what was given and what is
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+from pathlib import Path
 from typing import NoReturn
 
 
@@ -107,16 +109,22 @@ def check_inputs(
 ) -> None:
     """Before any work: a workload name that is not registered, and output paths kiln could
     not write, end the command (KilnUserError: exit 2, one line)."""
+    from torchkiln.errors import KilnUserError
     from torchkiln.outputs import check_output_dir, check_output_file
 
+    check_device(getattr(args, "device", None))
     workload = getattr(args, "workload", None)
+    target = (workload or "").rpartition(":")[0]
+    if (target.endswith(".py") or "/" in target) and not Path(target).is_file():
+        raise KilnUserError(
+            f"workload {workload!r}: no file {target!r}; give path/to/file.py:factory, "
+            "pkg.module:factory or a registered name (see `kiln workloads`)"
+        )
     if workload is not None and ":" not in workload:
         from torchkiln.workloads.base import registry
 
         names = sorted(registry())
         if workload not in names:
-            from torchkiln.errors import KilnUserError
-
             raise KilnUserError(
                 f"unknown workload {workload!r}; choose from {names} or give "
                 "'path/to/file.py:factory' or 'pkg.module:factory'"
@@ -127,13 +135,27 @@ def check_inputs(
         check_output_file(_option(name), getattr(args, name, None))
 
 
+def check_device(device: str | None) -> None:
+    """None (auto), cpu, cuda or cuda:N, the last two only where a GPU is visible."""
+    from torchkiln.errors import KilnUserError
+
+    if device is None or device == "cpu":
+        return
+    if device == "cuda" or re.fullmatch(r"cuda:\d+", device):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise KilnUserError(f"--device {device} was asked for, but no CUDA GPU is visible")
+        return
+    raise KilnUserError(f"--device {device!r}; choose from ['cpu', 'cuda', 'cuda:N']")
+
+
 def _option(dest: str) -> str:
     return "--json" if dest == "json_path" else "--" + dest.replace("_", "-")
 
 
 def default_run_dir(workload: str, step: str) -> str:
     import time
-    from pathlib import Path
 
     return str(Path("kiln-runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{Path(workload).stem}-{step}")
 
