@@ -40,7 +40,7 @@ CASES = [
     ("bench simple --dist mpi", "--dist: invalid choice"),
     ("bench simple --fail-on sometimes", "--fail-on: invalid choice"),
     ("bench nosuch", "unknown workload 'nosuch'; choose from"),
-    ("bench missing.py:factory", "no file 'missing.py'"),
+    ("bench missing.py:factory", "'missing.py' does not exist"),
     ("bench simple --resume never-ran", "no manifest.json there"),
     # bench: outputs
     ("bench simple --out /proc/kiln-run", "cannot write in '/proc'"),
@@ -64,7 +64,7 @@ CASES = [
     ("tune simple --out /proc/kiln-tune", "cannot write in '/proc'"),
     ("tune simple --out FILE/run", "is a file"),
     ("tune nosuch", "unknown workload 'nosuch'"),
-    ("tune missing/model.py:build", "no file 'missing/model.py'"),
+    ("tune missing/model.py:build", "'missing/model.py' does not exist"),
     # report, compare
     ("report never-ran", "does not exist"),
     ("compare never-ran.json OLD", "does not exist"),

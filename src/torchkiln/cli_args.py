@@ -117,7 +117,7 @@ def check_inputs(
     target = (workload or "").rpartition(":")[0]
     if (target.endswith(".py") or "/" in target) and not Path(target).is_file():
         raise KilnUserError(
-            f"workload {workload!r}: no file {target!r}; give path/to/file.py:factory, "
+            f"workload {workload!r}: {target!r} does not exist; give path/to/file.py:factory, "
             "pkg.module:factory or a registered name (see `kiln workloads`)"
         )
     if workload is not None and ":" not in workload:
