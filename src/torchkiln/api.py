@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import shutil
 import sys
 import tempfile
 import time
@@ -12,7 +13,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from torchkiln import __version__
+from torchkiln import __version__, defaults
 from torchkiln.backends.distributed.config import check_dist
 from torchkiln.backends.distributed.launch import run_dist_trial
 from torchkiln.errors import KilnUserError
@@ -46,15 +47,14 @@ def default_variants(device: str) -> list[str]:
 
 
 def resolve_preset(preset: str, device: str) -> str:
-    """`auto` is `full` on a GPU and `tiny` on the CPU, where full-size steps take seconds."""
-    if preset == "auto":
-        return "full" if device.startswith("cuda") else "tiny"
-    return preset
+    """`auto` is `full` on a GPU and `tiny` on the CPU (torchkiln.defaults)."""
+    return defaults.preset(preset, device)
 
 
 class TrialEvents:
     """Progress hooks; the CLI draws a progress bar from these."""
 
+    def preflight(self, timeout_s: float) -> None: ...
     def trial_started(self, index: int, total: int, spec: TrialSpec) -> None: ...
     def trial_phase(self, spec: TrialSpec, phase: str) -> None: ...
     def trial_finished(self, spec: TrialSpec, result: dict[str, Any], resumed: bool) -> None: ...
@@ -85,12 +85,12 @@ def bench(
     *,
     step: str = "infer",
     device: str = "cpu",
-    preset: str = "auto",
+    preset: str = defaults.PRESET,
     baseline: str = "eager",
     batch_size: int | None = None,
     out: str | Path | None = None,
     resume: str | Path | None = None,
-    timeout_s: float = 900.0,
+    timeout_s: float = defaults.TRIAL_TIMEOUT_S,
     cache_dir: str | None = None,
     events: TrialEvents | None = None,
     spec_overrides: dict[str, Any] | None = None,
@@ -123,6 +123,7 @@ def bench(
     else:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         run = RunDir(out or Path("kiln-runs") / f"{stamp}-{Path(workload).stem}-{step}")
+    created = not run.path.exists()
     base_spec = TrialSpec(
         workload=workload,
         variant="eager",
@@ -133,9 +134,6 @@ def bench(
         batch_size=batch_size,
         **(spec_overrides or {}),
     )
-    check = preflight(base_spec, run.path / "preflight", timeout_s)
-    if not check.get("ok"):
-        raise KilnUserError(check.get("message", "the workload could not be loaded"))
     specs = [replace(base_spec, variant=v, index=i) for i, v in enumerate(canonical)]
     ids = [s.id for s in specs]
     info = {
@@ -150,7 +148,15 @@ def bench(
         "executor": executor.describe(),
         **({"dist": dist_opts} if dist_opts else {}),
     }
+    # Written before the workload is loaded, so that a run stopped there can be resumed.
     run.write_manifest(info, ids)
+    if hasattr(events, "preflight"):  # events written before this hook have none
+        events.preflight(timeout_s)
+    check = preflight(base_spec, run.path / "preflight", timeout_s)
+    if not check.get("ok"):
+        if created:  # a refused workload leaves no run directory behind
+            shutil.rmtree(run.path, ignore_errors=True)
+        raise KilnUserError(check.get("message", "the workload could not be loaded"))
     by_id: dict[str, dict[str, Any]] = {}
     todo, stale = [], {}
     for spec in specs:

@@ -8,7 +8,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from torchkiln import __version__
+from torchkiln import __version__, defaults
+from torchkiln.cli_args import (
+    KilnParser,
+    budget_arg,
+    check_inputs,
+    debug_everywhere,
+    default_run_dir,
+    failed_exit,
+    interrupted_hint,
+    non_negative_float,
+    positive_float,
+    positive_int,
+    whole_paragraph,
+)
 from torchkiln.errors import KilnUserError
 
 
@@ -40,28 +53,35 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         f"{','.join(DEFAULT_VARIANTS['cpu'])}",
     )
     p.add_argument("--baseline", default="eager", help="the spec every variant is paired with")
-    p.add_argument("--step", choices=["infer", "train"], default="infer")
-    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if present)")
+    _add_common(p)
+    p.add_argument("--reps", type=positive_int, default=None, help="paired timed reps (default 15)")
     p.add_argument(
-        "--preset",
-        choices=["auto", "full", "tiny"],
-        default="auto",
-        help="auto = full on a GPU, tiny on the CPU",
+        "--rep-ms", type=positive_float, default=None, help="target ms per rep (default 100)"
     )
-    p.add_argument("--batch-size", type=int, default=None)
-    p.add_argument("--reps", type=int, default=None, help="paired timed reps (default 15)")
-    p.add_argument("--rep-ms", type=float, default=None, help="target ms per rep (default 100)")
     p.add_argument(
         "--replicas",
-        type=int,
+        type=int,  # checked in cmd_bench, whose message says what an instance is
         default=None,
         help="K > 1: K instances of each arm, the interval over the K pairs, so it includes "
         "instance-to-instance variation (about 1%% on host-bound GPU steps); K times the work. "
         "A t interval with K - 1 degrees of freedom: use 4 or more (at K = 2 it is 6x wider)",
     )
     p.add_argument("--no-check", action="store_true", help="skip the correctness check")
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds per trial")
-    p.add_argument("--json", dest="json_path", help="also write the results here")
+    p.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=defaults.TRIAL_TIMEOUT_S,
+        help="seconds per trial (default %(default).0f)",
+    )
+    p.add_argument(
+        "--json", dest="json_path", help="also write the results here ('-': stdout, no table)"
+    )
+    p.add_argument(
+        "--fail-on",
+        choices=["never", "all", "any"],
+        default="all",
+        help="exit 1 when every trial failed (all, the default), when any did (any), or never",
+    )
     p.add_argument("--out", help="run directory (default kiln-runs/<time>-<workload>-<step>)")
     p.add_argument("--resume", help="continue the run in this directory, skipping done trials")
     p.add_argument(
@@ -76,7 +96,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         help="run each training trial through torchrun, the model wrapped in DDP or FSDP2",
     )
     p.add_argument(
-        "--nproc", type=int, default=None, help="ranks per trial with --dist (default 1)"
+        "--nproc", type=positive_int, default=None, help="ranks per trial with --dist (default 1)"
     )
     p.add_argument(
         "--executor",
@@ -89,10 +109,32 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     _add_history_options(p)
 
 
-def _default_device() -> str:
-    import torch
+def _add_common(p: argparse.ArgumentParser) -> None:
+    """The step, device, preset and batch size, as bench and tune take them."""
+    p.add_argument(
+        "--step",
+        choices=["infer", "train"],
+        default=defaults.STEP,
+        help="what is timed: a forward (infer, under inference_mode) or a forward, backward "
+        "and optimizer step (train) (default %(default)s)",
+    )
+    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if present)")
+    p.add_argument(
+        "--preset",
+        choices=list(defaults.PRESETS),
+        default=defaults.PRESET,
+        help="workload size: auto = full on a GPU, tiny on the CPU (default %(default)s)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=None,
+        help="the workload's batch size (default: the workload's own)",
+    )
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+
+def _default_device() -> str:
+    return defaults.device(None)
 
 
 def _check_device(device: str) -> None:
@@ -108,14 +150,17 @@ def _check_device(device: str) -> None:
 class _Progress:
     """A rich progress bar over trials, with the running trial's phase."""
 
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int, to_stderr: bool = False) -> None:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from torchkiln.console import make_console
 
         self.progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
             TextColumn("{task.completed}/{task.total}"),
             TimeElapsedColumn(),
+            console=make_console(stderr=to_stderr),
             transient=False,
         )
         self.task = self.progress.add_task("starting", total=total)
@@ -126,6 +171,13 @@ class _Progress:
 
     def __exit__(self, *exc: Any) -> None:
         self.progress.__exit__(*exc)
+
+    def preflight(self, timeout_s: float) -> None:
+        # A factory that builds a large model (or hangs) takes this long before any trial.
+        self.progress.update(
+            self.task,
+            description=f"loading the workload (one eager forward; limit {timeout_s:.0f} s)",
+        )
 
     def trial_started(self, index, total, spec) -> None:
         self.progress.update(self.task, description=f"{spec.variant}: starting")
@@ -146,11 +198,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from torchkiln.backends.distributed.launch import dist_summary_lines
     from torchkiln.report.table import render
     from torchkiln.runner.launch.executors import make_executor
-    from torchkiln.variants import split_variants
+    from torchkiln.variants import parse_variant, split_variants
 
     device = args.device or _default_device()
     _check_device(device)
     variants = split_variants(args.variants) if args.variants else default_variants(device)
+    for spec in [*variants, args.baseline]:  # a bad spec is reported before any progress bar
+        parse_variant(spec)
+    check_inputs(args, dirs=("out", "cache_dir"), files=("json_path",))
+    args.run_dir = args.resume or args.out or default_run_dir(args.workload, args.step)
     overrides: dict[str, Any] = {"check_accuracy": not args.no_check}
     if args.reps:
         overrides["reps"] = args.reps
@@ -162,7 +218,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         overrides["replicas"] = args.replicas
     check_dist(args.dist, args.nproc, args.step)  # bad options fail before any progress bar
     executor = make_executor(args.executor, device=device, address=args.address)
-    with _Progress(len(variants)) as progress:
+    with _Progress(len(variants), to_stderr=args.json_path == "-") as progress:
         doc = bench(
             args.workload,
             variants,
@@ -171,7 +227,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             preset=args.preset,
             baseline=args.baseline,
             batch_size=args.batch_size,
-            out=args.out,
+            out=args.run_dir,
             resume=args.resume,
             timeout_s=args.timeout,
             cache_dir=args.cache_dir,
@@ -182,13 +238,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
             dist=args.dist,
             history=_history_of(args),
         )
-    render(doc)
-    if args.dist:
-        print("\n".join(dist_summary_lines(doc)))
-    if args.json_path:
+    if args.json_path == "-":
+        print(json.dumps(doc, indent=2, default=str))
+    else:
+        render(doc)
+        if args.dist:
+            print("\n".join(dist_summary_lines(doc)))
+    if args.json_path and args.json_path != "-":
+        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_path).write_text(json.dumps(doc, indent=2, default=str))
     _print_history(doc)
-    return 0
+    return failed_exit(doc["trials"], args.fail_on)
 
 
 def _add_tune(sub: argparse._SubParsersAction) -> None:
@@ -199,20 +259,24 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
         "search over variants within the budget, selection, report (report.md, report.html, "
         "results.json in --out).",
     )
-    p.add_argument("workload", nargs="?", default="simple")
-    p.add_argument("--step", choices=["infer", "train"], default="infer")
-    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if present)")
-    p.add_argument("--preset", choices=["auto", "full", "tiny"], default="auto")
-    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument(
+        "workload",
+        nargs="?",
+        default="simple",
+        help="a registered name (see `kiln workloads`), file.py:factory or pkg.module:factory "
+        "(default %(default)s)",
+    )
+    _add_common(p)
     p.add_argument(
         "--budget",
-        default="auto",
+        type=budget_arg,
+        default=defaults.BUDGET,
         help="wall-time budget, e.g. 15m, 90s, 1h (auto: 15m on a GPU, 4m on the CPU, so that "
         "the default command ends within 5 minutes on a 2-core machine)",
     )
     p.add_argument(
         "--steps",
-        type=int,
+        type=positive_int,
         default=None,
         help="how many steps your job runs: minimise compile + N x step time",
     )
@@ -222,7 +286,12 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
         help="numerics-changing precisions kiln may pick: bf16,tf32,fp16",
     )
     p.add_argument("--out", default=None, help="report directory (default kiln-runs/tune-...)")
-    p.add_argument("--reps", type=int, default=None)
+    p.add_argument(
+        "--reps",
+        type=positive_int,
+        default=None,
+        help="paired timed reps per trial (default 15)",
+    )
     _add_history_options(p)
     p.add_argument(
         "--ship",
@@ -245,9 +314,9 @@ class _TuneProgress:
     lines (torch 2.11, measured at commit e1ee3fb)."""
 
     def __init__(self, console: Any = None) -> None:
-        from rich.console import Console
+        from torchkiln.console import make_console
 
-        self.console = console or Console(stderr=True)
+        self.console = console or make_console(stderr=True)
         self._deferred: set[str] = set()
         # kind -> (spec, estimated s, s left), as the budget reason gives them
         self._held: dict[str, list[tuple[str, str, str]]] = {"deferred": [], "skipped": []}
@@ -325,9 +394,7 @@ def _estimate_of(why: str) -> tuple[str, str]:
 
 
 def _auto_budget(budget: str, device: str) -> str:
-    if budget != "auto":
-        return budget
-    return "15m" if device.startswith("cuda") else "4m"
+    return str(defaults.budget(budget, device))
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -348,6 +415,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     check_mode(args.fix)
     out = args.out or f"kiln-runs/tune-{args.workload.replace('/', '_')}-{args.step}"
+    check_inputs(args, dirs=("out",))
+    args.run_dir = out
     progress = _TuneProgress()
     doc = tune(
         args.workload,
@@ -417,11 +486,20 @@ def cmd_workloads(args: argparse.Namespace) -> int:
 
 
 def cmd_variants(args: argparse.Namespace) -> int:
-    from torchkiln.variants.base import LAYOUTS, PRECISIONS, backend_choices
+    from torchkiln.variants.base import (
+        LAYOUTS,
+        PRECISIONS,
+        allowed_values,
+        backend_choices,
+        backends,
+    )
 
     for name, params in backend_choices().items():
         ps = ", ".join(f"{k}={v}" for k, v in params.items())
         print(f"{name:12s} {ps}")
+        for key, allowed in allowed_values(backends()[name]).items():
+            shown = " | ".join(allowed) if isinstance(allowed, list) else f"any {allowed}"
+            print(f"{'':14s}{key}: {shown}")
     print(f"policies: {' '.join('+' + p for p in (*PRECISIONS, *LAYOUTS))}")
     from torchkiln.repair.report import remedy_lines
 
@@ -434,14 +512,14 @@ def _add_module_command(sub: argparse._SubParsersAction, name: str, module: str,
     import importlib
 
     mod = importlib.import_module(module)
-    p = sub.add_parser(name, help=help, description=(mod.__doc__ or help).strip().split("\n")[0])
+    p = sub.add_parser(name, help=help, description=whole_paragraph(mod.__doc__, help))
     mod.add_arguments(p)
     p.set_defaults(module_run=mod.run)
     return p
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = KilnParser(
         prog="kiln", description="Find the fastest correct way to run a PyTorch model."
     )
     parser.add_argument("--version", action="version", version=f"kiln {__version__}")
@@ -456,7 +534,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("new", nargs="?")
     cmp_.add_argument(
         "--threshold",
-        type=float,
+        type=non_negative_float,
         default=0.05,
         help="relative slow-down that counts, when intervals do not overlap",
     )
@@ -501,6 +579,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub.add_parser("workloads", help="list the registered workloads")
     sub.add_parser("variants", help="list the backends, their parameters and the policies")
+    debug_everywhere(parser)
     return parser
 
 
@@ -561,15 +640,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kiln: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        again = (
-            "the same command, with the same --out, reuses them"
-            if args.command == "tune"
-            else "continue with --resume DIR"
-        )
-        print(
-            f"kiln: interrupted; finished trials are saved in the run directory: {again}",
-            file=sys.stderr,
-        )
+        print(f"kiln: {interrupted_hint(args)}", file=sys.stderr)
         return 130
 
 

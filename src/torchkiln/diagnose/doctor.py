@@ -17,6 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from torchkiln.cli_args import positive_float
 from torchkiln.diagnose._subproc import run_module
 from torchkiln.diagnose.doctor_checks import (
     EXTRAS,
@@ -153,11 +154,12 @@ _STYLE = {"ok": "green", "info": "blue", "warn": "yellow", "fail": "bold red"}
 
 
 def render(report: dict[str, Any], console: Any = None) -> None:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    con = console or Console(highlight=False)
+    from torchkiln.console import make_console
+
+    con = console or make_console(highlight=False)
     table = Table(title="kiln doctor", show_lines=True, title_justify="left")
     table.add_column("check", no_wrap=True)
     table.add_column("status", no_wrap=True)
@@ -182,13 +184,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=positive_float,
         default=DEFAULT_PROBE_TIMEOUT_S,
         help="seconds for each compile probe (default %(default)s)",
     )
 
 
 def run(args: argparse.Namespace) -> int:
+    from torchkiln.cli_args import check_inputs
+
+    check_inputs(args, files=("json",))
     report = run_doctor(probe_timeout=args.timeout)
     if args.json == "-":
         print(json.dumps(report, indent=2))

@@ -11,6 +11,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from torchkiln.cli_args import positive_float, positive_int
+from torchkiln.defaults import PRESET, PRESETS
 from torchkiln.diagnose._subproc import run_json_worker
 from torchkiln.diagnose.render_explain import render
 from torchkiln.errors import KilnUserError
@@ -75,19 +77,24 @@ def _run_tlparse(trace_dir: Path) -> dict[str, Any]:
 def explain(
     workload: str,
     *,
-    preset: str = "full",
+    preset: str = PRESET,
     variant: str = "inductor",
     batch_sizes: list[int] | None = None,
     recompiles: bool = True,
     recompile_limit: int | None = None,
-    device: str = "cpu",
+    device: str | None = None,
     trace_dir: str | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
 ) -> dict[str, Any]:
     """Explain how Dynamo captures ``workload``; returns the JSON-able report.
 
     ``status`` is ``ok``, ``phase-error`` (a phase raised; the others still report), ``timeout``
-    or ``crashed``. A spec that names no workload raises KilnUserError."""
+    or ``crashed``. A spec that names no workload raises KilnUserError. ``device`` and
+    ``preset`` default as every command's do (torchkiln.defaults)."""
+    from torchkiln import defaults
+
+    device = defaults.device(device)
+    preset = defaults.preset(preset, device)
     req: dict[str, Any] = {
         "workload": workload,
         "preset": preset,
@@ -130,7 +137,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "workload", help="a registered name, path/to/file.py:factory or pkg.module:factory"
     )
     parser.add_argument(
-        "--preset", choices=("full", "tiny"), default="full", help="workload size (default full)"
+        "--preset",
+        choices=PRESETS,
+        default=PRESET,
+        help="workload size: auto = full on a GPU, tiny on the CPU (default %(default)s)",
     )
     parser.add_argument(
         "--variant",
@@ -150,11 +160,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--recompile-limit",
-        type=int,
+        type=positive_int,
         metavar="N",
         help="set Dynamo's recompile limit for the recompilation run (default: torch's)",
     )
-    parser.add_argument("--device", default="cpu", help="device to run on (default cpu)")
+    parser.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if present)")
     parser.add_argument(
         "--trace",
         metavar="DIR",
@@ -176,7 +186,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=positive_float,
         default=DEFAULT_TIMEOUT_S,
         help=f"seconds before the worker is stopped (default {DEFAULT_TIMEOUT_S:.0f})",
     )
@@ -192,9 +202,14 @@ def exit_code(report: dict[str, Any], fullgraph_check: bool) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from torchkiln import defaults
+    from torchkiln.cli_args import check_inputs
+
+    check_inputs(args, dirs=("trace",), files=("json",))
+    args.device = defaults.device(args.device)
     report = explain(
         args.workload,
-        preset=args.preset,
+        preset=defaults.preset(args.preset, args.device),
         variant=args.variant,
         batch_sizes=args.batch_sizes,
         recompiles=not args.no_recompiles,

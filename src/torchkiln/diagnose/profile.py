@@ -12,8 +12,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from torchkiln.cli_args import positive_float, positive_int
 from torchkiln.diagnose._subproc import run_json_worker
 from torchkiln.errors import KilnUserError
+from torchkiln.runner.launch.compile_cache import prepare as prepare_cache
 
 WORKER = "torchkiln.diagnose.profile_worker"
 DEFAULT_STEPS = 5
@@ -47,8 +49,8 @@ def run_profile(
     *,
     variant: str = "eager",
     step: str = "infer",
-    device: str = "cpu",
-    preset: str = "full",
+    device: str | None = None,
+    preset: str = "auto",
     batch_size: int | None = None,
     steps: int = DEFAULT_STEPS,
     with_loader: bool = False,
@@ -66,6 +68,10 @@ def run_profile(
     the Chrome trace was kept (None unless ``trace_path`` is given). Bad input (unknown
     workload or variant, no GPU for cuda, --with-loader without an input stream) raises
     KilnUserError. The compile cache is fresh per call unless ``cache_dir`` is given."""
+    from torchkiln import defaults
+
+    device = defaults.device(device)
+    preset = defaults.preset(preset, device)
     spec = _check_request(variant, device, steps)
     req: dict[str, Any] = {
         "workload": workload,
@@ -83,13 +89,16 @@ def run_profile(
         if kept is not None:
             kept.parent.mkdir(parents=True, exist_ok=True)
         req["trace_path"] = str(kept or Path(tmp) / "trace.json")
-        cache = Path(cache_dir) if cache_dir else Path(tmp) / "compile-cache"
+        cache = prepare_cache(Path(tmp), cache_dir)  # a plain path the C++ compiler takes
         env = {
-            "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
-            "TRITON_CACHE_DIR": str(cache / "triton"),
+            "TORCHINDUCTOR_CACHE_DIR": str(cache.given / "inductor"),
+            "TRITON_CACHE_DIR": str(cache.given / "triton"),
             "PYTHONUNBUFFERED": "1",
         }
-        proc, doc = run_json_worker(WORKER, req, tmp, timeout=timeout_s, env=env)
+        try:
+            proc, doc = run_json_worker(WORKER, req, tmp, timeout=timeout_s, env=env)
+        finally:
+            cache.remove()
         if doc is None:
             doc = {"schema": "kiln.profile/1", "request": req, "phase": "start"}
     doc["request"] = {**req, "trace_path": str(kept) if kept else None}
@@ -131,10 +140,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="workload size; auto = full on a GPU, tiny on the CPU",
     )
-    parser.add_argument("--batch-size", type=int, default=None)
+    parser.add_argument("--batch-size", type=positive_int, default=None)
     parser.add_argument(
         "--steps",
-        type=int,
+        type=positive_int,
         default=DEFAULT_STEPS,
         help=f"profiled steps, after warm-up (default {DEFAULT_STEPS})",
     )
@@ -149,7 +158,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=positive_float,
         default=DEFAULT_TIMEOUT_S,
         help=f"seconds before the worker is stopped (default {DEFAULT_TIMEOUT_S:.0f})",
     )
@@ -160,14 +169,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """0 with a verdict, 1 when the profile failed (its status and reason are printed)."""
-    from torchkiln.api import resolve_preset
+    from torchkiln import defaults
+    from torchkiln.cli_args import check_inputs
     from torchkiln.diagnose.render_profile import render
 
-    device = args.device
-    if device is None:
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    check_inputs(args, files=("json", "trace"))
+    device = defaults.device(args.device)
+    resolve_preset = defaults.preset
     doc = run_profile(
         args.workload,
         variant=args.variant,

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from torchkiln.measure import host_load
 from torchkiln.runner.launch.orphan import exit_with_launcher
 
 SCHEMA = "kiln.profile/1"
@@ -209,6 +210,7 @@ def run(req: dict[str, Any], out: Path) -> dict[str, Any]:
     def warmup() -> None:
         from torchkiln.measure.timer import StepTimer
 
+        state["load_before"] = host_load.snapshot()
         result["warmup"] = warm_up(state["step"], device)
         # The same loop timed without the profiler: its overhead on host-bound steps is real
         # (a few us per op), so the report shows both.
@@ -217,6 +219,12 @@ def run(req: dict[str, Any], out: Path) -> dict[str, Any]:
     def profile() -> None:
         profile_steps(state["step"], req["steps"], device, trace_path)
         result["trace_bytes"] = trace_path.stat().st_size
+        # As bench and tune do: a busy host slows host-bound steps, profiled or not (a step read
+        # 4.5x slower without the profiler than with it while the host was compiling).
+        own = torch.get_num_threads() if device == "cpu" else 1
+        before, after = state.pop("load_before", None), host_load.snapshot()
+        result["host_load"] = {"before": before, "after": after, "own_threads": own}
+        state["host_note"] = host_load.busy_note(before, after, own)
 
     def analyse() -> None:
         metrics = analyze(load_trace_events(str(trace_path)))
@@ -228,6 +236,8 @@ def run(req: dict[str, Any], out: Path) -> dict[str, Any]:
         }
         result["metrics"] = metrics
         result["verdict"] = classify(metrics, context)
+        if state.get("host_note"):
+            result["verdict"]["notes"].append(state["host_note"])
         if device.startswith("cuda") and metrics["gpu"] is None:
             result["verdict"]["notes"].append(
                 "the run was on CUDA but the trace holds no GPU activity: CUPTI may be "

@@ -9,6 +9,8 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from torchkiln.console import make_console
+
 _RESUME = re.compile(r"^torch_dynamo_resume_in_(?P<fn>.+)_at_(?P<line>\d+)$")
 
 
@@ -126,7 +128,7 @@ def _render_trace(con: Console, trace: dict[str, Any] | None) -> None:
 def render(
     report: dict[str, Any], *, fullgraph_check: bool = False, console: Console | None = None
 ) -> None:
-    con = console or Console(highlight=False, soft_wrap=True)
+    con = console or make_console(highlight=False)
     req = report.get("request", {})
     env = report.get("environment", {})
     wl = report.get("workload", {})

@@ -8,6 +8,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from torchkiln.console import make_console
+
 
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.0f}%"
@@ -78,7 +80,7 @@ def _gpu(con: Console, m: dict[str, Any]) -> None:
 
 
 def render(doc: dict[str, Any], console: Console | None = None) -> None:
-    con = console or Console()
+    con = console or make_console()
     _header(con, doc)
     if doc.get("status") != "ok":
         con.print(f"[red]profile {doc.get('status')}[/]: {escape(str(doc.get('error', '')))}")

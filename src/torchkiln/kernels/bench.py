@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from torchkiln.cli_args import positive_float, positive_int
 from torchkiln.kernels.bench_names import DIRECTIONS, DTYPE_NAMES, KERNELS
 
 
@@ -43,10 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=list(DIRECTIONS),
         help="forward and/or backward (default: both)",
     )
-    parser.add_argument("--rows", type=int, default=4096, help="rows M of each M x N input")
+    parser.add_argument(
+        "--rows", type=positive_int, default=4096, help="rows M of each M x N input"
+    )
     parser.add_argument(
         "--cols",
-        type=int,
+        type=positive_int,
         nargs="+",
         default=[1024, 4096, 12672],
         help="row lengths N (default: 1024 4096 12672)",
@@ -55,7 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-compile", action="store_true", help="skip torch.compile (it compiles once per shape)"
     )
     parser.add_argument(
-        "--rep-ms", type=float, default=50.0, help="do_bench repetition time per measurement, ms"
+        "--rep-ms",
+        type=positive_float,
+        default=50.0,
+        help="do_bench repetition time per measurement, ms",
     )
     parser.add_argument("--json", dest="json_path", help="also write the results here")
     from torchkiln.history import add_arguments as add_history_arguments
@@ -314,6 +320,9 @@ def _host(arm: dict | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """`kiln kernels bench`: 0 on success, 2 when there is no GPU or no triton to measure."""
+    from torchkiln.cli_args import check_inputs
+
+    check_inputs(args, files=("json_path",))
     if args.rows < 1 or min(args.cols) < 1:
         print(f"--rows and --cols must be >= 1 (got {args.rows} and {args.cols})", file=sys.stderr)
         return 2

@@ -93,14 +93,13 @@ HEADERS = [
 
 
 def render(doc: dict[str, Any], console: Any = None) -> None:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     if console is None:
-        console = Console()
-        if not console.is_terminal:  # piped or captured: do not fold the table to 80 columns
-            console = Console(width=220)
+        from torchkiln.console import make_console
+
+        console = make_console()  # piped or captured: the table at its natural width
     title = (
         f"{doc['workload']} · {doc['step']} · {doc['device']} · preset {doc['preset']} · "
         f"baseline {doc['baseline']}"

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from torchkiln import defaults
+from torchkiln.cli_args import non_negative_int, positive_int
 from torchkiln.errors import KilnUserError
 from torchkiln.serve.replay import ARMS, ServeBenchConfig, render_table, serve_bench
 from torchkiln.serve.shapes import DynamicDims, Request
@@ -26,12 +28,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", required=True, help="JSONL trace, one request's sizes per line")
     parser.add_argument(
         "--generate",
-        type=int,
+        type=positive_int,
         metavar="N",
         help="first write a generated trace of N requests to --trace",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of --generate (default 0)")
-    parser.add_argument("--preset", choices=["full", "tiny"], default="full")
+    parser.add_argument(
+        "--seed", type=non_negative_int, default=0, help="seed of --generate (default 0)"
+    )
+    parser.add_argument(
+        "--preset",
+        choices=list(defaults.PRESETS),
+        default=defaults.PRESET,
+        help="workload size: auto = full on a GPU, tiny on the CPU (default %(default)s)",
+    )
     parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     parser.add_argument(
         "--variant",
@@ -44,13 +53,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--sample",
-        type=int,
+        type=positive_int,
         default=200,
         help="the first N requests are the observed sample: buckets are learned "
         "from it and compile arms warm up on it (default 200)",
     )
     parser.add_argument("--k", default="8", help="learned buckets per symbol: 8 or batch=16,seq=16")
-    parser.add_argument("--max-buckets", type=int, default=256)
+    parser.add_argument("--max-buckets", type=positive_int, default=256)
     parser.add_argument(
         "--specialize",
         default="none",
@@ -136,7 +145,15 @@ def _to_device(x: Any, device: Any) -> Any:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from torchkiln.cli_args import check_inputs
     from torchkiln.workloads import load_workload
+
+    check_inputs(args, files=("out", "trace") if args.generate else ("out",))
+    if not args.generate and not Path(args.trace).is_file():
+        raise KilnUserError(
+            f"--trace {args.trace!r}: no such file; give a JSONL trace, or --generate N to "
+            "write one there"
+        )
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -149,7 +166,8 @@ def run(args: argparse.Namespace) -> int:
         write_trace(args.trace, generate_trace(args.generate, seed=args.seed))
     trace = read_trace(args.trace)
 
-    workload = load_workload(args.workload, preset=args.preset, step="infer")
+    preset = defaults.preset(args.preset, device.type)
+    workload = load_workload(args.workload, preset=preset, step="infer")
     model = workload.model.to(device).eval()
     inputs = _to_device(workload.example_inputs, device)
     example = (

@@ -44,6 +44,22 @@ class Request:
         return [*range(len(self.args)), *self.kwargs]
 
 
+def dense(t: Any) -> Any:
+    """``t`` with the strides of a freshly allocated tensor of its shape. `is_contiguous()`
+    ignores the stride of a size-1 dim, but compiled code guards on it: a batch-1 warm-up input
+    cropped from a longer example had strides (160, 16, 1), a padded batch-1 request (128, 16,
+    1), and every such request fell back to eager after warm-up."""
+    expected, step = [], 1
+    for n in reversed(t.shape):
+        expected.append(step)
+        step *= max(int(n), 1)
+    if tuple(reversed(expected)) == tuple(t.stride()):
+        return t
+    import torch
+
+    return t.clone(memory_format=torch.contiguous_format)
+
+
 def _is_tensor(x: Any) -> bool:
     import torch
 
@@ -139,7 +155,7 @@ class InputSpec:
                 continue
             dims = self.dims.get(key)
             if not dims:
-                new[key] = t.contiguous()
+                new[key] = dense(t)
                 continue
             shape = list(t.shape)
             for d, sym in dims.items():
@@ -147,7 +163,7 @@ class InputSpec:
             if list(t.shape) == shape:
                 # A new tensor object (same storage): marking it dynamic must not mark the
                 # caller's tensor, which may go on to other compiled code.
-                new[key] = t.detach() if t.is_contiguous() else t.contiguous()
+                new[key] = dense(t.detach())
                 continue
             out = t.new_full(shape, pad_values.get(key, 0))
             out[tuple(slice(0, n) for n in t.shape)] = t
@@ -166,7 +182,7 @@ class InputSpec:
             t = t.repeat(*reps)
             for d, sym in dims.items():
                 t = t.narrow(d, 0, target[sym])
-            new[key] = t.contiguous()
+            new[key] = dense(t)  # laid out as `pad` lays out a request of these sizes
         return req.replace(new)
 
     def mark_dynamic(self, req: Request, symbols: Collection[str]) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torchkiln import defaults
 from torchkiln.errors import KilnUserError
 from torchkiln.repair.plan import check_mode as check_fix_mode
 from torchkiln.tune import inmemory, recommend
@@ -100,10 +101,10 @@ def tune(
     *,
     step: str = "infer",
     device: str | None = None,
-    budget: str | float = "10m",
+    budget: str | float = defaults.BUDGET,
     steps: int | None = None,
     allow_precision: tuple[str, ...] | list[str] = (),
-    preset: str = "full",
+    preset: str = defaults.PRESET,
     out: str | Path | None = None,
     history: str | Path | bool | None = None,
     fix: str = "code",
@@ -118,19 +119,22 @@ def tune(
 
     ``fix`` (none, config or code) says which remedies for the model's graph breaks are measured
     as candidates: code (the default) both source rewrites of a copy and configuration; config
-    only Dynamo settings; none neither. A model without a source file gets configuration only."""
+    only Dynamo settings; none neither. A model without a source file gets configuration only.
+
+    ``budget`` and ``preset`` default as `kiln tune`'s do (torchkiln.defaults: 15 minutes and
+    the full preset on a GPU, 4 minutes and the tiny preset on the CPU)."""
     import torch
 
     from torchkiln.tune.pipeline import tune as run_pipeline
 
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = defaults.device(device)
     out = Path(out or Path("kiln-runs") / f"tune-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     kwargs = dict(
         step=step,
         device=device,
-        preset=preset,
-        budget_s=parse_budget(budget),
+        preset=defaults.preset(preset, device),
+        budget_s=parse_budget(defaults.budget(budget, device)),
         steps=steps,
         allow_precision=set(allow_precision),
         out=out,

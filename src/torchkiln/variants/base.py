@@ -308,3 +308,28 @@ def backend_choices() -> dict[str, dict[str, Any]]:
         name: {f.name: f.default for f in dataclasses.fields(cls)}
         for name, cls in sorted(backends().items())
     }
+
+
+def allowed_values(cls: type) -> dict[str, list[str] | str]:
+    """For `kiln variants`: each parameter's allowed values, read from the backend's own check
+    (its __post_init__ refuses a value, listing the allowed ones), so no second list is kept.
+    Booleans are true/false; a parameter the check does not limit shows its type."""
+    import ast
+
+    out: dict[str, list[str] | str] = {}
+    for f in dataclasses.fields(cls):
+        if isinstance(f.default, bool):
+            out[f.name] = ["false", "true"]
+            continue
+        if not isinstance(f.default, str):
+            out[f.name] = type(f.default).__name__
+            continue
+        try:
+            cls(**{f.name: "\0"})
+        except VariantSpecError as exc:
+            _, found, listed = str(exc).partition("choose from ")
+            if found:
+                out[f.name] = [str(v) for v in ast.literal_eval(listed)]
+                continue
+        out[f.name] = "text"
+    return out

@@ -68,7 +68,7 @@ def run_dist_trial(
     spec = replace(spec, extra={**spec.extra, "dist": dist_info})
     spec_path = trial_dir / "dist-spec.json"
     spec_path.write_text(spec.to_json())
-    env, fresh_cache = trial_env(trial_dir, cache_dir)
+    env, cache = trial_env(trial_dir, cache_dir)
     if gpu is not None and nproc == 1:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     if spec.device == "cpu" and "OMP_NUM_THREADS" not in env:
@@ -89,8 +89,7 @@ def run_dist_trial(
             spawn.end_group(proc)
     if not timed_out:
         spawn.kill_group(proc)  # compile workers of any rank must not outlive the trial
-    if fresh_cache is not None:
-        shutil.rmtree(fresh_cache, ignore_errors=True)
+    cache.remove()
     result = merge_ranks(
         spec,
         rank_dir,

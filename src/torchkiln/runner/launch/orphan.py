@@ -27,8 +27,12 @@ POLL_S = 0.5
 
 
 def launcher_env(env: dict[str, str]) -> dict[str, str]:
-    """The environment of a trial process this process launches: it names this process."""
+    """The environment of a trial process this process launches: it names this process, and
+    imports what this process can (import_path.py)."""
+    from torchkiln.runner.launch.import_path import caller_path
+
     env[LAUNCHER_ENV] = str(os.getpid())
+    env["PYTHONPATH"] = caller_path(env.get("PYTHONPATH"))
     return env
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +15,8 @@ from typing import Any
 
 from torchkiln.runner.launch import spawn
 from torchkiln.runner.launch.autotune_log import autotune_rounds, describe
+from torchkiln.runner.launch.compile_cache import CompileCache
+from torchkiln.runner.launch.compile_cache import prepare as prepare_cache
 from torchkiln.runner.launch.host_lock import HOST_LOCK_ENV, WAITING_SUFFIX
 from torchkiln.runner.launch.orphan import TrialsStopped, launcher_env, stopping
 from torchkiln.runner.protocol.trial import TrialSpec, base_result
@@ -150,18 +151,15 @@ def _after_exit(
     return Spawned(result, proc.returncode, phase or "start", stopped_by, waited)
 
 
-def trial_env(trial_dir: Path, cache_dir: str | None) -> tuple[dict[str, str], Path | None]:
-    """Compile caches are explicit: a fresh one per trial (cold compile), or the one given."""
+def trial_env(trial_dir: Path, cache_dir: str | None) -> tuple[dict[str, str], CompileCache]:
+    """Compile caches are explicit: a fresh, empty one per trial (cold compile), or the one
+    given (compile_cache.py); the caller removes a fresh one when the trial ends."""
     env = launcher_env(dict(os.environ))  # the trial ends itself if this process dies
     env["PYTHONUNBUFFERED"] = "1"
-    fresh = None
-    if cache_dir:
-        root = Path(cache_dir)
-    else:
-        fresh = root = trial_dir / "compile-cache"
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")
-    env["TRITON_CACHE_DIR"] = str(root / "triton")
-    return env, fresh
+    cache = prepare_cache(trial_dir, cache_dir)
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(cache.given / "inductor")
+    env["TRITON_CACHE_DIR"] = str(cache.given / "triton")
+    return env, cache
 
 
 def run_trial(
@@ -180,18 +178,19 @@ def run_trial(
     (host_lock.py). ``timeout_s`` is the trial's own time, not counting its waits for the host;
     ``wall_s``, if given, a limit on its wall time that counts them. A stopped trial's result
     has ``stopped_by``: "own" or "wall"."""
-    env, fresh_cache = trial_env(trial_dir, cache_dir)
+    env, cache = trial_env(trial_dir, cache_dir)
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     env.pop(HOST_LOCK_ENV, None)  # only the pool's own trials take turns, not a nested run's
     if host_lock:
         env[HOST_LOCK_ENV] = host_lock
     t0 = time.perf_counter()
-    run = _spawn("trial", spec, trial_dir, timeout_s, env, on_phase, wall_s)
+    try:
+        run = _spawn("trial", spec, trial_dir, timeout_s, env, on_phase, wall_s)
+    finally:
+        cache.remove()
     result, code, phase = run.result, run.code, run.phase
     stderr = tail(trial_dir / "trial-stderr.txt")
-    if fresh_cache is not None:
-        shutil.rmtree(fresh_cache, ignore_errors=True)
     rounds = autotune_rounds(trial_dir / "trial-stderr.txt")
     if run.stopped_by:
         after = time.perf_counter() - t0
@@ -217,6 +216,8 @@ def run_trial(
         result["autotune"] = rounds
     result["phase"] = result.get("phase") or phase
     result["compile_cache"] = cache_dir or "fresh per trial"
+    if cache.given != cache.real:
+        result["compile_cache_path"] = {"real": str(cache.real), "given": str(cache.given)}
     if gpu is not None:
         result["gpu_index"] = gpu
     result["process_wall_s"] = time.perf_counter() - t0
@@ -257,7 +258,7 @@ def _kept_measurement(trial_dir: Path, failure: dict[str, Any]) -> dict[str, Any
 
 
 def preflight(spec: TrialSpec, work_dir: Path, timeout_s: float) -> dict[str, Any]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = launcher_env(dict(os.environ, PYTHONUNBUFFERED="1"))
     run = _spawn("preflight", spec, work_dir, timeout_s, env, None)
     result, code = run.result, run.code
     if run.stopped_by:

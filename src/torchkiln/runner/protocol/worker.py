@@ -67,14 +67,40 @@ class Phases:
             write_json(self.partial, {**result, "phase_s": dict(self.seconds)})
 
 
-def classify_error(exc: BaseException, phase: str) -> str:
+# What a refused allocation says: CUDA's OutOfMemoryError, and on the CPU c10's allocator
+# ("DefaultCPUAllocator: can't allocate memory: you tried to allocate ... bytes") or the
+# compiled code's own check ("not enough memory"), which reach the caller as a RuntimeError,
+# wrapped by Dynamo or Inductor inside a compiled forward.
+OOM_MESSAGES = (
+    "out of memory",
+    "can't allocate memory",
+    "not enough memory",
+    "cannot allocate memory",
+)
+
+
+def _out_of_memory(exc: BaseException) -> bool:
     import torch
+
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:  # the exception and what it wraps
+        seen.add(id(cur))
+        if isinstance(cur, (torch.OutOfMemoryError, MemoryError)):
+            return True
+        if any(m in str(cur).lower() for m in OOM_MESSAGES):
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
+def classify_error(exc: BaseException, phase: str) -> str:
 
     from torchkiln.errors import UnsupportedVariant
 
     if isinstance(exc, UnsupportedVariant):
         return "unsupported"
-    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower():
+    if _out_of_memory(exc):
         return "oom"
     module = type(exc).__module__ or ""
     if module.startswith(("torch._dynamo", "torch._inductor", "triton")):

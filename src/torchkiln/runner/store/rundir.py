@@ -5,6 +5,7 @@ reuse.py)."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ class RunDir:
         self.path = Path(path)
         self.trials_dir = self.path / "trials"
         self.manifest_path = self.path / "manifest.json"
+        self.set_aside: dict[str, str] = {}  # trial id -> why its result file was set aside
 
     def trial_dir(self, trial_id: str) -> Path:
         return self.trials_dir / trial_id
@@ -30,19 +32,39 @@ class RunDir:
         return self.trial_dir(trial_id) / "result.json"
 
     def load_result(self, trial_id: str) -> dict[str, Any] | None:
+        """The trial's saved result; None where there is none, or where it is unreadable (cut
+        mid-write, edited by hand): such a file is set aside with a warning and the trial is
+        measured again, never a traceback that names no file."""
         path = self.result_path(trial_id)
         if not path.exists():
             return None
-        return json.loads(path.read_text())
+        try:
+            data = json.loads(path.read_text())
+            if not isinstance(data, dict) or not isinstance(data.get("status"), str):
+                raise ValueError("not a trial result (no status)")
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            aside = path.with_name(f"result.unreadable-{time.strftime('%Y%m%d-%H%M%S')}.json")
+            path.replace(aside)
+            self.set_aside[trial_id] = f"{path} was unreadable ({exc}); set aside as {aside.name}"
+            print(
+                f"kiln: warning: {self.set_aside[trial_id]}; the trial is measured again",
+                file=sys.stderr,
+            )
+            return None
+        return data
 
     def reusable(self, spec: TrialSpec) -> tuple[dict[str, Any] | None, str | None]:
         """The finished result of ``spec``'s trial if it was measured the same way (reuse.py),
         else None and, where a result was there, why it is not reused."""
         done = self.load_result(spec.id)
         if done is None:
-            return None, None
+            aside = self.set_aside.get(spec.id)
+            return None, None if aside is None else f"measured afresh: {aside}"
         key_path = self.trial_dir(spec.id) / REUSE_KEY
-        stored = json.loads(key_path.read_text()) if key_path.exists() else None
+        try:
+            stored = json.loads(key_path.read_text()) if key_path.exists() else None
+        except (OSError, UnicodeDecodeError, ValueError):
+            stored = None  # an unreadable record: as if it had none, so it is measured again
         why = retried(done) or difference(stored, fingerprint(spec))
         if why is None:
             return done, None
@@ -64,7 +86,15 @@ class RunDir:
     def manifest(self) -> dict[str, Any] | None:
         if not self.manifest_path.exists():
             return None
-        return json.loads(self.manifest_path.read_text())
+        try:
+            return json.loads(self.manifest_path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            from torchkiln.errors import KilnUserError
+
+            raise KilnUserError(
+                f"{self.manifest_path} is unreadable ({exc}); move it away to start the run "
+                "afresh in this directory"
+            ) from None
 
     def write_manifest(self, info: dict[str, Any], trial_ids: list[str]) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
