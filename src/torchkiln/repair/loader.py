@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import FunctionType, ModuleType
 
 from torchkiln.errors import KilnUserError
 
@@ -45,10 +45,26 @@ def import_file(path: str | Path, root: str | Path | None = None) -> ModuleType:
     finally:
         sys.path.remove(str(root))
         for n in [n for n in sys.modules if n.split(".")[0] in names]:
-            del sys.modules[n]
+            _keep_apart(sys.modules.pop(n), f"{mod_name}__{n.replace('.', '__')}")
         sys.modules.update(saved)
     _LOADED[key] = module
     return module
+
+
+def _keep_apart(module: ModuleType, unique: str) -> None:
+    """A sibling module under a name of its own, in sys.modules and on what it defines: the
+    compiler looks a function's or class's module up by its `__module__` (Dynamo on torch 2.11
+    raised ModuleNotFoundError for a sibling taken out of sys.modules, on an H200), and another
+    copy's sibling of the same name must not answer for it."""
+    old = module.__name__
+    module.__name__ = unique
+    defined = [v for v in vars(module).values() if getattr(v, "__module__", None) == old]
+    for cls in [v for v in defined if isinstance(v, type)]:
+        defined += [getattr(m, "__func__", m) for m in vars(cls).values()]
+    for value in defined:
+        if isinstance(value, type | FunctionType) and value.__module__ == old:
+            value.__module__ = unique
+    sys.modules[unique] = module
 
 
 def loaded_modules(module: ModuleType) -> list[ModuleType]:
