@@ -12,8 +12,8 @@ from torchkiln.variants import Variant, parse_variant
 
 def _compile_args(v: Variant) -> str:
     b = v.backend
-    if b.name == "cudagraphs":
-        return 'backend="cudagraphs"'
+    if "backend" in b.compile_kwargs:  # a torch.compile backend of its own (cudagraphs)
+        return f'backend="{b.compile_kwargs["backend"]}"'
     args = []
     if getattr(b, "mode", "default") != "default":
         args.append(f'mode="{b.mode}"')
