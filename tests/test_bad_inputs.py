@@ -70,7 +70,7 @@ CASES = [
     ("compare never-ran.json OLD", "does not exist"),
     ("compare OLD OLD --threshold -1", "--threshold: must be a number >= 0"),
     ("compare OLD OLD --threshold x", "--threshold: must be a number >= 0"),
-    ("compare OLD", "the following arguments are required: new"),
+    ("compare OLD", "compare takes OLD and NEW"),
     # doctor
     ("doctor --timeout 0", "--timeout: must be a positive number"),
     ("doctor --json /proc/doctor.json", "cannot write in '/proc'"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,11 +18,15 @@ WL = Path(__file__).parent / "fixtures" / "workloads.py"
 
 
 def kiln(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    # Piped, as a user's script or CI log reads kiln; a COLUMNS left by the test session (set
+    # to 80 in this suite's processes) would fold the table instead of its natural width.
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     return subprocess.run(
         [sys.executable, "-m", "torchkiln.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
+        env=env,
     )
 
 

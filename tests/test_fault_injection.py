@@ -113,7 +113,7 @@ def test_a_tune_killed_anywhere_goes_on_from_what_it_left(tmp_path):
         assert _launched_by(proc.pid) == [], f"processes left after a kill at {where} {phase}"
         _whole_results(out)
     # A busy host can make the budget skip the search trial (its points are then not reached).
-    assert len(killed) >= 6, killed
+    assert len(killed) >= 6, (killed, log.read_text(errors="replace")[-3000:])
     proc = _tune(out, log)
     assert proc.wait(timeout=600) == 0, log.read_text()
     doc = json.loads((out / "results.json").read_text())

@@ -54,9 +54,9 @@ def non_negative_float(text: str) -> float:
 
 def budget_arg(text: str) -> str:
     """`auto` or a positive duration such as 15m, 90s, 1h30m or 600 (checked here, parsed by
-    tune.api.parse_budget)."""
+    durations.parse_budget)."""
+    from torchkiln.durations import parse_budget
     from torchkiln.errors import KilnUserError
-    from torchkiln.tune.api import parse_budget
 
     if text == "auto":
         return text

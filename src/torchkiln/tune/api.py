@@ -13,22 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from torchkiln import defaults
+from torchkiln.durations import parse_budget  # noqa: F401  (tune.api.parse_budget, as before)
 from torchkiln.errors import KilnUserError
 from torchkiln.repair.plan import check_mode as check_fix_mode
 from torchkiln.tune import inmemory, recommend
-
-
-def parse_budget(text: str | float | int) -> float:
-    """'15m', '90s', '1h', '1h30m' or a number of seconds."""
-    if isinstance(text, (int, float)):
-        return float(text)
-    parts = re.fullmatch(
-        r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*", text
-    )
-    if not text.strip() or parts is None or not any(parts.groups()):
-        raise KilnUserError(f"budget {text!r}: write it like 15m, 90s, 1h30m or 600")
-    h, m, s = (float(g) if g else 0.0 for g in parts.groups())
-    return h * 3600 + m * 60 + s
 
 
 @dataclass
