@@ -15,7 +15,8 @@ the environment, every row and every patch. Goals: the picks' geometric mean ove
 plain mode at least 2x (over the models with breaks), and no pick slower than the best plain
 mode (the interval's upper end >= 1).
 --total-budget stops starting models once spent, so a GPU run stays within its time; the
-models not run are named in the JSON and the table.
+models not run are named in the JSON and the table. --resume keeps the rows already in
+OUT/bench_repair.json and runs the rest, so one run can be split over several GPU sessions.
 The default total (8m30s, 60 s per model) fits eight models at about a minute each (each tune's
 stages plus its primaries and their remedied twins); --paired adds a trial per plain mode.
 CPU check of the script itself: --device cpu --preset tiny --budget 2m.
@@ -234,6 +235,13 @@ def main(argv: list[str] | None = None) -> int:
         help="time each plain mode against the pick in one process (bench_tune's way; a trial "
         "per mode per model) instead of reading the plain modes the tune measured",
     )
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the rows of OUT/bench_repair.json and run only the models it has no pick "
+        "for: a run split over several GPU sessions (each under its own time limit) judges "
+        "the goals over every model",
+    )
     args = ap.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
     unknown = sorted(set(models) - set(ZOO))
@@ -244,8 +252,19 @@ def main(argv: list[str] | None = None) -> int:
     total = parse_budget(args.total_budget)
     t0 = time.monotonic()
     rows: list[dict[str, Any]] = []
+    commands: list[str] = []
     not_run: list[str] = []
     env = None
+    kept = out / "bench_repair.json"
+    if args.resume and kept.exists():
+        earlier = json.loads(kept.read_text())
+        rows = [r for r in earlier.get("rows", []) if r.get("pick")]
+        commands = earlier.get("commands") or [earlier.get("command")]
+        env = earlier.get("environment")
+        done = {r["model"] for r in rows}
+        print(f"kept from {kept}: {', '.join(sorted(done)) or 'nothing'}", flush=True)
+        models = [m for m in models if m not in done]
+    commands.append(" ".join([sys.executable, *sys.argv]))
     for model in models:
         if time.monotonic() - t0 > total:
             not_run.append(model)
@@ -255,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         doc = {
             "schema": "kiln.bench_repair/1",
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "command": " ".join([sys.executable, *sys.argv]),
+            "command": commands[-1],
+            "commands": commands,
             "environment": env,
             "rows": rows,
             "not_run": not_run,

@@ -84,3 +84,27 @@ def test_reverify_applies_the_picks_patch_to_a_pristine_copy_and_finds_no_break(
     assert got["claims_zero"] is True
     assert got["breaks_after_patch"] == 0 and got["verified"] is True
     assert sha256s(proj) == before
+
+
+def test_resume_keeps_the_models_measured_and_runs_only_the_others(tmp_path, monkeypatch):
+    import json
+
+    br = _load()
+    ran: list[str] = []
+
+    def fake_run(args, model, out):
+        ran.append(model)
+        return {"model": model, "pick": "inductor+bf16", "breaks": 2, "environment": {"gpu": "x"}}
+
+    monkeypatch.setattr(br, "run_model", fake_run)
+    kept = {"model": "zoo-encoder", "pick": "inductor+bf16+fix=code:all", "breaks": 3}
+    failed = {"model": "zoo-gated-mlp", "pick": None, "breaks": None}
+    (tmp_path / "bench_repair.json").write_text(
+        json.dumps({"rows": [kept, failed], "command": "first", "environment": {"gpu": "x"}})
+    )
+    models = "zoo-encoder,zoo-gated-mlp,zoo-checked-mlp"
+    assert br.main(["--out", str(tmp_path), "--models", models, "--resume"]) == 0
+    assert ran == ["zoo-gated-mlp", "zoo-checked-mlp"]  # the row with no pick is run again
+    doc = json.loads((tmp_path / "bench_repair.json").read_text())
+    assert [r["model"] for r in doc["rows"]] == ["zoo-encoder", "zoo-gated-mlp", "zoo-checked-mlp"]
+    assert doc["commands"][0] == "first" and len(doc["commands"]) == 2

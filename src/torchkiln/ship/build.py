@@ -9,6 +9,7 @@ inference where torch.export succeeds, an AOTInductor package."""
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import sys
 import tarfile
@@ -60,6 +61,10 @@ def train_call(shipped: Any, workload: Any, inputs: Any, device: str) -> Any:
     from torchkiln.runner.protocol.settings import map_tensors
 
     targets = map_tensors(workload.targets, lambda t: t.to(device))
+    # As a training loop's optimizer.zero_grad(set_to_none=True) does: under CUDA graphs the
+    # last step's gradients live in the graph's memory pool, which this step's replay
+    # overwrites, so accumulating into them fails.
+    workload.model.zero_grad(set_to_none=True)
     with shipped._autocast():
         loss = (workload.loss_fn or default_loss)(call(shipped, inputs), targets)
     loss.backward()
@@ -171,6 +176,9 @@ def main(argv: list[str]) -> int:
     from torchkiln.runner.protocol.worker import write_json
 
     exit_with_launcher()
+    # A crash in native code (a segfault in a package load) leaves its Python stack on stderr,
+    # whose tail the parent reports.
+    faulthandler.enable()
     job = json.loads(Path(job_path).read_text())
     try:
         result = {"ok": True, **build(job)}

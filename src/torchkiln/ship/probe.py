@@ -8,6 +8,7 @@ the seconds of each compile phase are kept too, to say where a slow first call g
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import statistics
 import sys
@@ -115,6 +116,9 @@ def main(argv: list[str]) -> int:
     from torchkiln.runner.protocol.worker import write_json
 
     exit_with_launcher()
+    # A crash in native code (a segfault in a package load) leaves its Python stack on stderr,
+    # whose tail the parent reports.
+    faulthandler.enable()
     job = json.loads(Path(job_path).read_text())
     try:
         result = {"ok": True, **measure(job)}
