@@ -185,9 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     bad = [c for c in cases if c not in CASES]
     if bad:
         p.error(f"--cases {bad}; choose from {sorted(CASES)}")
-    from torchkiln.ship.manifest import environment
-
     from torchkiln.measure.environment import git_sha
+    from torchkiln.ship.manifest import environment
 
     env = {**environment(args.device), "kiln_commit": git_sha()}
     gpu = re.sub(r"[^A-Za-z0-9]+", "-", env.get("gpu") or "cpu")
