@@ -19,6 +19,9 @@ models not run are named in the JSON and the table. --resume keeps the rows alre
 OUT/bench_repair.json and runs the rest, so one run can be split over several GPU sessions.
 The default total (8m30s, 60 s per model) fits eight models at about a minute each (each tune's
 stages plus its primaries and their remedied twins); --paired adds a trial per plain mode.
+--jobs N runs the models in N processes at once that take turns on the host (KILN_HOST_TURNS):
+their compiles overlap, while no process times its reps, or runs its profile or explain, during
+another's timed reps.
 CPU check of the script itself: --device cpu --preset tiny --budget 2m.
 """
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -42,6 +46,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_tune import PLAIN_MODES, pick_over_plain, plain_specs  # noqa: E402
 from torchkiln.api import bench  # noqa: E402
 from torchkiln.repair.arm import PLAN_KEY  # noqa: E402
+from torchkiln.runner.launch.host_lock import HOST_TURNS_ENV, TURNSTILE_SUFFIX  # noqa: E402
 from torchkiln.tune import tune  # noqa: E402
 from torchkiln.tune.api import parse_budget  # noqa: E402
 from torchkiln.variants import parse_variant  # noqa: E402
@@ -212,6 +217,105 @@ def judge(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def write_doc(
+    out: Path,
+    part: int | None,
+    rows: list[dict[str, Any]],
+    not_run: list[str],
+    commands: list[str],
+    env: dict[str, Any] | None,
+    t0: float,
+) -> None:
+    doc = {
+        "schema": "kiln.bench_repair/1",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": commands[-1],
+        "commands": commands,
+        "environment": env,
+        "rows": rows,
+        "not_run": not_run,
+        "goals": judge(rows),
+        "wall_s": time.monotonic() - t0,
+    }
+    name = "bench_repair.json" if part is None else f"bench_repair.part-{part}.json"
+    (out / name).write_text(json.dumps(doc, indent=2, default=str))
+
+
+def run_parts(
+    args: argparse.Namespace,
+    argv: list[str],
+    models: list[str],
+    out: Path,
+    env: dict[str, Any] | None,
+) -> tuple[list[dict[str, Any]], list[str], dict[str, Any] | None]:
+    """Models in ``args.jobs`` processes at once, taking turns on the host (KILN_HOST_TURNS):
+    their compiles overlap, and no process times its reps while another is busy."""
+    groups = [models[k :: args.jobs] for k in range(args.jobs)]
+    groups = [g for g in groups if g]
+    turns = out / "host-turns.lock"
+    child_env = {**os.environ, HOST_TURNS_ENV: str(turns)}
+    base = [a for a in argv_without(argv, {"--models", "--jobs", "--part"}) if a != "--resume"]
+    procs = []
+    for k, group in enumerate(groups):
+        cmd = [sys.executable, __file__, *base, "--models", ",".join(group), "--part", str(k)]
+        print(f"== part {k}: {', '.join(group)}", flush=True)
+        procs.append(subprocess.Popen(cmd, env=child_env))
+    codes = [p.wait() for p in procs]
+    rows: list[dict[str, Any]] = []
+    not_run: list[str] = []
+    for k, (group, code) in enumerate(zip(groups, codes, strict=True)):
+        path = out / f"bench_repair.part-{k}.json"
+        if not path.exists():
+            print(f"part {k} left no results (exit {code})", flush=True)
+            not_run += group
+            continue
+        part = json.loads(path.read_text())
+        rows += part["rows"]
+        not_run += part["not_run"]
+        not_run += [m for m in group if m not in {r["model"] for r in part["rows"]}]
+        env = env or part.get("environment")
+        path.unlink()
+    for p in (turns, Path(str(turns) + TURNSTILE_SUFFIX)):
+        p.unlink(missing_ok=True)
+    return rows, sorted(set(not_run)), env
+
+
+def argv_without(argv: list[str], options: set[str]) -> list[str]:
+    """``argv`` without the given options and their values (as ``--opt v`` or ``--opt=v``)."""
+    kept, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in options:
+            skip = True
+            continue
+        if a.split("=", 1)[0] in options:
+            continue
+        kept.append(a)
+    return kept
+
+
+def print_table(rows: list[dict[str, Any]], not_run: list[str], total_budget: str) -> None:
+    goals = judge(rows)
+    print()
+    print(f"{'model':<20} {'breaks':>6} {'pick':<60} {'vs best plain':>14}  patch")
+    for r in rows:
+        best = r.get("over_best_plain")
+        over = "-" if not best else f"{best['ratio']:.2f}x {'' if r['never_slower'] else 'SLOWER'}"
+        ver = r.get("reverify") or {}
+        patch = "-" if not ver else f"{ver.get('breaks_after_patch')} breaks after"
+        print(f"{r['model']:<20} {r.get('breaks')!s:>6} {r['pick']!s:<60} {over:>14}  {patch}")
+    for m in not_run:
+        print(f"{m:<20} not run: --total-budget {total_budget} spent")
+    g = goals["geomean_over_best_plain"]
+    print(
+        f"geomean over the best plain mode: {'-' if g is None else f'{g:.2f}x'} "
+        f"(goal >= {GOAL_GEOMEAN}x: {goals['goal_geomean_2x']}); no pick slower: "
+        f"{goals['goal_never_slower']}; patches not verified: {goals['patches_not_verified']}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="benchmarks/results/repair/h200")
@@ -242,6 +346,15 @@ def main(argv: list[str] | None = None) -> int:
         "for: a run split over several GPU sessions (each under its own time limit) judges "
         "the goals over every model",
     )
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="models run in this many processes at once, taking turns on the host "
+        "(KILN_HOST_TURNS): compiles overlap, timed reps never overlap another's work",
+    )
+    ap.add_argument("--part", type=int, default=None, help=argparse.SUPPRESS)
+    argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
     unknown = sorted(set(models) - set(ZOO))
@@ -264,42 +377,21 @@ def main(argv: list[str] | None = None) -> int:
         done = {r["model"] for r in rows}
         print(f"kept from {kept}: {', '.join(sorted(done)) or 'nothing'}", flush=True)
         models = [m for m in models if m not in done]
-    commands.append(" ".join([sys.executable, *sys.argv]))
-    for model in models:
-        if time.monotonic() - t0 > total:
-            not_run.append(model)
-            continue
-        rows.append(run_model(args, model, out))
-        env = env or rows[-1].get("environment")
-        doc = {
-            "schema": "kiln.bench_repair/1",
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "command": commands[-1],
-            "commands": commands,
-            "environment": env,
-            "rows": rows,
-            "not_run": not_run,
-            "goals": judge(rows),
-            "wall_s": time.monotonic() - t0,
-        }
-        (out / "bench_repair.json").write_text(json.dumps(doc, indent=2, default=str))
-    goals = judge(rows)
-    print()
-    print(f"{'model':<20} {'breaks':>6} {'pick':<60} {'vs best plain':>14}  patch")
-    for r in rows:
-        best = r.get("over_best_plain")
-        over = "-" if not best else f"{best['ratio']:.2f}x {'' if r['never_slower'] else 'SLOWER'}"
-        ver = r.get("reverify") or {}
-        patch = "-" if not ver else f"{ver.get('breaks_after_patch')} breaks after"
-        print(f"{r['model']:<20} {r.get('breaks')!s:>6} {r['pick']!s:<60} {over:>14}  {patch}")
-    for m in not_run:
-        print(f"{m:<20} not run: --total-budget {args.total_budget} spent")
-    g = goals["geomean_over_best_plain"]
-    print(
-        f"geomean over the best plain mode: {'-' if g is None else f'{g:.2f}x'} "
-        f"(goal >= {GOAL_GEOMEAN}x: {goals['goal_geomean_2x']}); no pick slower: "
-        f"{goals['goal_never_slower']}; patches not verified: {goals['patches_not_verified']}"
-    )
+    commands.append(" ".join([sys.executable, __file__, *argv]))
+    if args.jobs > 1 and args.part is None:
+        part_rows, not_run, env = run_parts(args, argv, models, out, env)
+        rows += part_rows
+    else:
+        for model in models:
+            if time.monotonic() - t0 > total:
+                not_run.append(model)
+                continue
+            rows.append(run_model(args, model, out))
+            env = env or rows[-1].get("environment")
+            write_doc(out, args.part, rows, not_run, commands, env, t0)
+    write_doc(out, args.part, rows, not_run, commands, env, t0)
+    if args.part is None:
+        print_table(rows, not_run, args.total_budget)
     return 0
 
 

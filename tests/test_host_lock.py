@@ -140,3 +140,42 @@ def test_the_pool_removes_its_lock_file_and_turnstile(tmp_path):
     assert os.path.exists(path + TURNSTILE_SUFFIX)
     remove_lock_files(path)
     assert not os.path.exists(path) and not os.path.exists(path + TURNSTILE_SUFFIX)
+
+
+def test_processes_sharing_a_host_take_turns_through_kiln_host_turns(tmp_path, monkeypatch):
+    # KILN_HOST_TURNS: a run's trials take turns on the file as a pool's do (their host_wait
+    # is recorded), and a diagnosis subprocess runs holding a shared turn, which an exclusive
+    # (timed) turn elsewhere cannot take meanwhile; neither child sees the variable.
+    from torchkiln.diagnose._subproc import run_module
+    from torchkiln.runner.launch.host_lock import HOST_TURNS_ENV
+
+    turns = str(tmp_path / "turns.lock")
+    monkeypatch.setenv(HOST_TURNS_ENV, turns)
+    spec = TrialSpec(
+        "tests/fixtures/workloads.py:tiny_mlp", "eager", preset="tiny", index=0, reps=3,
+        rep_ms=5.0, warmup_s=0.0, warmup_steps=2, check_accuracy=False,
+    )  # fmt: skip
+    result = run_trial(spec, tmp_path / "t", timeout_s=120)
+    assert result["status"] == "ok", result.get("reason")
+    assert "host_wait" in result["phase_s"]
+
+    (tmp_path / "probe_turn.py").write_text(
+        textwrap.dedent(
+            f"""
+            import fcntl, json, os
+            fd = os.open({turns!r}, os.O_RDWR)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                exclusive = True
+            except BlockingIOError:
+                exclusive = False
+            print(json.dumps({{"exclusive": exclusive, "env": os.environ.get({HOST_TURNS_ENV!r})}}))
+            """
+        )
+    )
+    proc = run_module("probe_turn", [], timeout=60, env={"PYTHONPATH": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"exclusive": False, "env": None}
+    fd = os.open(turns, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the turn ended with the subprocess
+    os.close(fd)

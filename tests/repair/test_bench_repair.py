@@ -108,3 +108,10 @@ def test_resume_keeps_the_models_measured_and_runs_only_the_others(tmp_path, mon
     doc = json.loads((tmp_path / "bench_repair.json").read_text())
     assert [r["model"] for r in doc["rows"]] == ["zoo-encoder", "zoo-gated-mlp", "zoo-checked-mlp"]
     assert doc["commands"][0] == "first" and len(doc["commands"]) == 2
+
+
+def test_parts_get_the_options_less_the_ones_the_parent_splits():
+    br = _load()
+    argv = ["--out", "o", "--models=a,b", "--jobs", "4", "--budget", "3m", "--resume", "--paired"]
+    kept = br.argv_without(argv, {"--models", "--jobs", "--part"})
+    assert kept == ["--out", "o", "--budget", "3m", "--resume", "--paired"]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchkiln.runner.launch import spawn
+from torchkiln.runner.launch.host_lock import HOST_TURNS_ENV, host_turns, shared_turn
 from torchkiln.runner.launch.orphan import launcher_env
 
 # src/ (or site-packages/) holding the torchkiln package, so children import this same copy.
@@ -35,6 +36,7 @@ def child_env(overrides: Mapping[str, str | None] | None = None) -> dict[str, st
     """The caller's environment, this kiln first on PYTHONPATH, ``overrides`` applied (None
     removes a variable)."""
     env = launcher_env(dict(os.environ))  # the child ends itself if this process dies
+    env.pop(HOST_TURNS_ENV, None)  # the parent holds the turn; a nested run takes none
     env["PYTHONPATH"] = os.pathsep.join([_PACKAGE_ROOT, *filter(None, [env.get("PYTHONPATH")])])
     for key, value in (overrides or {}).items():
         if value is None:
@@ -54,6 +56,18 @@ def run_module(
 ) -> ProcResult:
     """``python -m module args...``; on timeout the child's whole process group is killed
     (compile workers included), and whatever it printed so far is returned."""
+    with shared_turn(host_turns()):
+        return _run(module, args, timeout=timeout, env=env, cwd=cwd)
+
+
+def _run(
+    module: str,
+    args: list[str],
+    *,
+    timeout: float,
+    env: Mapping[str, str | None] | None,
+    cwd: str | None,
+) -> ProcResult:
     start = time.perf_counter()
     # Own session: Inductor forks compile workers; killing the group ends them too.
     proc = spawn.start(

@@ -22,11 +22,18 @@ neighbour costs was not isolated; the turns make the question moot for the reps.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import time
+from collections.abc import Iterator
 
 HOST_LOCK_ENV = "KILN_HOST_LOCK"
+# Set by a user (or a benchmark) running several kiln processes on one host: each process's
+# trials take turns on this file as a pool's do, and its diagnosis subprocesses (profile,
+# explain) hold a shared turn while they run, so no process times its reps while another
+# compiles. Removed from every child's environment: a nested run takes no turns.
+HOST_TURNS_ENV = "KILN_HOST_TURNS"
 # The turnstile beside the lock file: path + this suffix.
 TURNSTILE_SUFFIX = ".turn"
 # Appended to the phase a trial writes for its parent while it waits for its turn: the parent's
@@ -90,6 +97,25 @@ class HostLock:
         os.close(self.fd)  # closing the descriptor drops any lock it holds
         os.close(self.turn_fd)
         self.mode = None
+
+
+def host_turns() -> str | None:
+    """The lock file of the processes sharing this host (HOST_TURNS_ENV), if any."""
+    return os.environ.get(HOST_TURNS_ENV) or None
+
+
+@contextlib.contextmanager
+def shared_turn(path: str | None) -> Iterator[float]:
+    """Hold a shared turn on ``path`` (no-op for None) while a block runs a busy subprocess;
+    yields the seconds waited for it."""
+    if path is None:
+        yield 0.0
+        return
+    lock = HostLock(path)
+    try:
+        yield lock.enter("busy")
+    finally:
+        lock.close()
 
 
 def remove_lock_files(path: str) -> None:

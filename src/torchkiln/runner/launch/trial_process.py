@@ -17,7 +17,12 @@ from torchkiln.runner.launch import spawn
 from torchkiln.runner.launch.autotune_log import autotune_rounds, describe
 from torchkiln.runner.launch.compile_cache import CompileCache
 from torchkiln.runner.launch.compile_cache import prepare as prepare_cache
-from torchkiln.runner.launch.host_lock import HOST_LOCK_ENV, WAITING_SUFFIX
+from torchkiln.runner.launch.host_lock import (
+    HOST_LOCK_ENV,
+    HOST_TURNS_ENV,
+    WAITING_SUFFIX,
+    host_turns,
+)
 from torchkiln.runner.launch.orphan import TrialsStopped, launcher_env, stopping
 from torchkiln.runner.protocol.trial import TrialSpec, base_result
 from torchkiln.runner.protocol.worker import partial_path
@@ -182,6 +187,8 @@ def run_trial(
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     env.pop(HOST_LOCK_ENV, None)  # only the pool's own trials take turns, not a nested run's
+    env.pop(HOST_TURNS_ENV, None)
+    host_lock = host_lock or host_turns()  # several kiln processes on this host take turns
     if host_lock:
         env[HOST_LOCK_ENV] = host_lock
     t0 = time.perf_counter()
