@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_tune import PLAIN_MODES, pick_over_plain, plain_specs  # noqa: E402
 from torchkiln.api import bench  # noqa: E402
+from torchkiln.errors import KilnUserError  # noqa: E402
 from torchkiln.repair.arm import PLAN_KEY  # noqa: E402
 from torchkiln.runner.launch.host_lock import HOST_TURNS_ENV, TURNSTILE_SUFFIX  # noqa: E402
 from torchkiln.tune import tune  # noqa: E402
@@ -163,15 +164,19 @@ def reverify(doc: dict[str, Any], args: argparse.Namespace, out: Path) -> dict[s
 
 def run_model(args: argparse.Namespace, model: str, out: Path) -> dict[str, Any]:
     print(f"== tune {model} (budget {args.budget})", flush=True)
-    doc = tune(
-        model,
-        device=args.device,
-        budget=args.budget,
-        allow_precision=[p for p in args.allow_precision.split(",") if p],
-        preset=args.preset,
-        out=out / model,
-        fix="code",
-    ).doc
+    try:
+        doc = tune(
+            model,
+            device=args.device,
+            budget=args.budget,
+            allow_precision=[p for p in args.allow_precision.split(",") if p],
+            preset=args.preset,
+            out=out / model,
+            fix="code",
+        ).doc
+    except KilnUserError as e:  # the tune refused the model: a row with the reason, no pick
+        print(f"   {model}: {e}", flush=True)
+        return {"model": model, "pick": None, "status": "error", "reason": str(e)}
     pick = (doc.get("selection") or {}).get("best")
     trials = {t["variant"]: t for t in doc["trials"]}
     stage = doc["stages"].get("repair") or {}
@@ -305,6 +310,9 @@ def print_table(rows: list[dict[str, Any]], not_run: list[str], total_budget: st
         over = "-" if not best else f"{best['ratio']:.2f}x {'' if r['never_slower'] else 'SLOWER'}"
         ver = r.get("reverify") or {}
         patch = "-" if not ver else f"{ver.get('breaks_after_patch')} breaks after"
+        if r.get("status") == "error":
+            print(f"{r['model']:<20} {'':>6} error: {r['reason'][:120]}")
+            continue
         print(f"{r['model']:<20} {r.get('breaks')!s:>6} {r['pick']!s:<60} {over:>14}  {patch}")
     for m in not_run:
         print(f"{m:<20} not run: --total-budget {total_budget} spent")

@@ -9,5 +9,5 @@ CURVE_Y = np.array([-1.0, -0.8, 0.0, 0.8, 1.0])
 
 
 def soft_clip(x: torch.Tensor) -> torch.Tensor:
-    y = np.interp(x.detach().cpu().numpy(), CURVE_X, CURVE_Y).astype(np.float32)
-    return torch.from_numpy(y).to(x.device)
+    y = np.interp(x.detach().cpu().double().numpy(), CURVE_X, CURVE_Y)
+    return torch.from_numpy(y).to(x.device, x.dtype)
