@@ -196,7 +196,27 @@ class WarmServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-_active: WarmServer | None = None
+class _Scope:
+    """The server of the outermost ``scoped()``: started by its first trial (a tune whose
+    trials are all reused, or run in process, starts none)."""
+
+    def __init__(self) -> None:
+        self.server: WarmServer | None = None
+        self.lock = threading.Lock()
+
+    def get(self) -> WarmServer:
+        with self.lock:
+            if self.server is None:
+                self.server = WarmServer()
+            return self.server
+
+    def close(self) -> None:
+        with self.lock:
+            if self.server is not None:
+                self.server.close()
+
+
+_active: _Scope | None = None
 _active_lock = threading.Lock()
 
 
@@ -205,23 +225,22 @@ def enabled() -> bool:
 
 
 @contextlib.contextmanager
-def scoped() -> Iterator[WarmServer | None]:
+def scoped() -> Iterator[None]:
     """Trials started inside start warm from one server, ended on the way out (a Ctrl-C
     included). Nested scopes share the outer one's server. Also a decorator: ``@scoped()``."""
     global _active
     with _active_lock:
-        if _active is not None or not enabled():
-            outer = True
-        else:
-            outer, _active = False, WarmServer()
-        server = _active
+        outer = _active is None
+        if outer:
+            _active = _Scope()
+        scope = _active
     try:
-        yield server
+        yield
     finally:
-        if not outer and server is not None:
+        if outer:
             with _active_lock:
                 _active = None
-            server.close()
+            scope.close()
 
 
 def start_worker(
@@ -229,28 +248,30 @@ def start_worker(
 ) -> tuple[subprocess.Popen | WarmProcess, Start]:
     """The worker ``python -m torchkiln.runner.protocol.worker ARGV``: forked from the scope's
     server where it can be, else spawned; ``stdout``/``stderr`` are open files (by name)."""
-    reason = _why_cold(env)
-    if reason is None:
-        assert _active is not None
+    server, reason = _server(env)
+    if server is not None:
         try:
-            return _active.launch(argv, env, stdout.name, stderr.name), Start("warm")
+            return server.launch(argv, env, stdout.name, stderr.name), Start("warm")
         except OSError as exc:
-            reason = f"{_active._gone() if _active.proc.poll() is not None else exc}"
-            _active.failure = _active.failure or reason
+            reason = server._gone() if server.proc.poll() is not None else str(exc)
+            server.failure = server.failure or reason
     cmd = [sys.executable, "-m", WORKER, *argv]
     return spawn.start(cmd, env=env, stdout=stdout, stderr=stderr), Start("cold", reason)
 
 
-def _why_cold(env: Mapping[str, str]) -> str | None:
+def _server(env: Mapping[str, str]) -> tuple[WarmServer | None, str | None]:
+    """The server to fork this trial from, or None and why it starts cold."""
     if not enabled():
-        return f"{WARM_ENV}={os.environ.get(WARM_ENV)}"
-    server = _active
-    if server is None:
-        return "no warm-start server: the trial ran outside a tune or bench"
+        return None, f"{WARM_ENV}={os.environ.get(WARM_ENV)}"
+    scope = _active
+    if scope is None:
+        return None, "no warm-start server in this process (one serves a tune or bench)"
+    server = scope.get()
     failure = server.ready()
     if failure:
-        return failure
+        return None, failure
     differs = server.differs(env)
     if differs:
-        return f"its environment sets {', '.join(differs)} differently from the warm-start server"
-    return None
+        why = f"its environment sets {', '.join(differs)} differently from the warm-start server"
+        return None, why
+    return server, None
