@@ -32,6 +32,7 @@ from torchkiln.runner.launch.orphan import launcher_env
 
 WARM_ENV = "KILN_WARM_START"
 WORKER = "torchkiln.runner.protocol.worker"
+SERVER_MODULE = "torchkiln.runner.launch.warm_server"
 # The server imports torch (seconds; more on a busy host) before it listens.
 READY_TIMEOUT_S = 120.0
 # Variables a trial may set differently from the server: read after the fork, not at import
@@ -112,7 +113,7 @@ class WarmServer:
         self.env = launcher_env(dict(os.environ, PYTHONUNBUFFERED="1"))
         with open(self.log, "wb") as log:
             self.proc = spawn.start(
-                [sys.executable, "-m", "torchkiln.runner.launch.warm_server", self.path],
+                [sys.executable, "-m", SERVER_MODULE, self.path],
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
