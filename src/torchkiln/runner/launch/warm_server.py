@@ -71,6 +71,12 @@ def _run_child(request: dict[str, Any], keep: list[socket.socket]) -> None:
 
 
 def serve(path: str) -> None:
+    from torchkiln.runner.launch.orphan import LAUNCHER_ENV, end_self, launcher_gone
+
+    # A server that outlives its kiln ends itself (its children notice it gone and follow).
+    # Checked here rather than in a watcher thread: this process forks, and stays one thread.
+    named = os.environ.get(LAUNCHER_ENV)
+    launcher, parent = (int(named) if named else None), os.getppid()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
@@ -79,6 +85,8 @@ def serve(path: str) -> None:
     pending: dict[socket.socket, bytes] = {}  # connections whose request line is not in yet
     children: dict[int, socket.socket] = {}
     while True:
+        if launcher_gone(launcher, parent):
+            end_self()
         for key, _ in sel.select(timeout=POLL_S):
             sock = key.fileobj
             if sock is listener:
@@ -122,10 +130,6 @@ def serve(path: str) -> None:
 
 def main(argv: list[str]) -> int:
     (path,) = argv
-    # A server that outlives its kiln ends itself; its children notice it gone and follow.
-    from torchkiln.runner.launch.orphan import exit_with_launcher
-
-    exit_with_launcher()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # kiln ends it; a terminal's Ctrl-C does not
     # What every trial imports before it measures; CUDA stays uninitialised (torch.cuda is
     # lazy: nothing here asks for a device).
