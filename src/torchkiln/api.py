@@ -18,6 +18,7 @@ from torchkiln.backends.distributed.config import check_dist
 from torchkiln.backends.distributed.launch import run_dist_trial
 from torchkiln.errors import KilnUserError
 from torchkiln.report.drift import baseline_drift
+from torchkiln.runner.launch import warm
 from torchkiln.runner.launch.executors import (
     LocalExecutor,
     PoolExecutor,
@@ -79,6 +80,7 @@ def placed(executor: TrialExecutor, device: str, dist: dict[str, Any] | None) ->
     return executor
 
 
+@warm.scoped()  # its trials fork from one process that imported torch
 def bench(
     workload: str,
     variants: Sequence[str] | None = None,
@@ -241,6 +243,7 @@ def _bench_trial(
     )  # fmt: skip
 
 
+@warm.scoped()  # its trials fork from one process that imported torch
 def run_trials(
     specs: Sequence[TrialSpec],
     out: str | Path,

@@ -19,6 +19,7 @@ from torchkiln.repair import judge as repair_judge
 from torchkiln.repair.arm import PLAN_KEY
 from torchkiln.repair.plan import check_mode as check_fix_mode
 from torchkiln.report.drift import baseline_drift
+from torchkiln.runner.launch import warm
 from torchkiln.runner.launch.executors import LocalExecutor, stream
 from torchkiln.runner.launch.trial_process import preflight, run_trial
 from torchkiln.runner.protocol.trial import TrialSpec, base_result
@@ -186,6 +187,7 @@ def refine(
     return next_index
 
 
+@warm.scoped()  # its trials fork from one process that imported torch
 def tune(
     workload: str = "simple",
     *,

@@ -6,14 +6,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchkiln.runner.launch import spawn
+from torchkiln.runner.launch import spawn, warm
 from torchkiln.runner.launch.autotune_log import autotune_rounds, describe
 from torchkiln.runner.launch.compile_cache import CompileCache
 from torchkiln.runner.launch.compile_cache import prepare as prepare_cache
@@ -25,7 +24,7 @@ from torchkiln.runner.launch.host_lock import (
 )
 from torchkiln.runner.launch.orphan import TrialsStopped, launcher_env, stopping
 from torchkiln.runner.protocol.trial import TrialSpec, base_result
-from torchkiln.runner.protocol.worker import partial_path
+from torchkiln.runner.protocol.worker import LAUNCHED_ENV, partial_path
 
 STDERR_TAIL_CHARS = 4000
 
@@ -53,6 +52,8 @@ class Spawned:
     phase: str
     stopped_by: str | None
     host_wait_s: float
+    start: warm.Start = warm.Start("cold")
+    lost: str | None = None  # why a warm trial's exit code is not its own (its server died)
 
 
 def _spawn(
@@ -74,22 +75,24 @@ def _spawn(
     for p in (result_path, phase_path, partial_path(result_path)):
         p.unlink(missing_ok=True)
     spec_path.write_text(spec.to_json())
-    cmd = [sys.executable, "-m", "torchkiln.runner.protocol.worker", mode]
-    cmd += [str(spec_path), str(result_path), str(phase_path)]
+    argv = [mode, str(spec_path), str(result_path), str(phase_path)]
+    env = {**env, LAUNCHED_ENV: repr(time.time())}  # the worker's start_s counts from here
     with (
         open(trial_dir / f"{mode}-stdout.txt", "wb") as out,
         open(trial_dir / f"{mode}-stderr.txt", "wb") as err,
     ):
-        proc = spawn.start(cmd, env=env, stdout=out, stderr=err)
+        proc, how = warm.start_worker(argv, env=env, stdout=out, stderr=err)
         # Ctrl-C, a stop (orphan.stop_trials) or an error here: the trial is in its own
         # session, out of the signal's reach, and must not go on running on the device.
         with spawn.ended_on_error(proc):
             state = _watch(proc, timeout_s, wall_s, phase_path, result_path, on_phase)
-    return _after_exit(proc, *state, phase_path, result_path)
+    done = _after_exit(proc, *state, phase_path, result_path)
+    done.start, done.lost = how, getattr(proc, "lost", None)
+    return done
 
 
 def _watch(
-    proc: subprocess.Popen,
+    proc: subprocess.Popen | warm.WarmProcess,
     timeout_s: float,
     wall_s: float | None,
     phase_path: Path,
@@ -135,7 +138,7 @@ def _watch(
 
 
 def _after_exit(
-    proc: subprocess.Popen,
+    proc: subprocess.Popen | warm.WarmProcess,
     last_phase: str,
     waited: float,
     stopped_by: str | None,
@@ -218,10 +221,15 @@ def run_trial(
                 why += " (possibly the host's out-of-memory killer)"
         else:
             why = f"exited with code {code} during {phase} without writing a result"
+        if run.lost:
+            why = f"{run.lost}, during {phase}"
         result = _kept_measurement(trial_dir, _failure(spec, "crashed", why))
     if rounds:
         result["autotune"] = rounds
     result["phase"] = result.get("phase") or phase
+    result["start"] = run.start.how
+    if run.start.reason:
+        result["start_reason"] = run.start.reason
     result["compile_cache"] = cache_dir or "fresh per trial"
     if cache.given != cache.real:
         result["compile_cache_path"] = {"real": str(cache.real), "given": str(cache.given)}

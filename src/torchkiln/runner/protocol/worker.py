@@ -19,6 +19,9 @@ from torchkiln.runner.launch.host_lock import WAITING_SUFFIX, HostLock
 from torchkiln.runner.launch.orphan import exit_with_launcher
 from torchkiln.runner.protocol.trial import TrialSpec, base_result
 
+# The wall-clock time the launcher started this process (trial_process.py): start_s counts from it.
+LAUNCHED_ENV = "KILN_LAUNCHED_AT"
+
 
 def write_json(path: str | Path, data: dict[str, Any]) -> None:
     tmp = Path(f"{path}.tmp")
@@ -157,6 +160,10 @@ def main(argv: list[str]) -> int:
         return 0
     from torchkiln.runner.protocol.measure_trial import measure_trial
 
+    # From the launch to here (the interpreter and kiln's imports), less the wait for the host;
+    # the trial's "start" phase (torch's import) is added below.
+    launched = os.environ.get(LAUNCHED_ENV)
+    before_s = max(0.0, time.time() - float(launched) - start_wait) if launched else None
     phases = Phases(phase_path, partial_path(result_path), lock)
     if lock is not None:
         phases.seconds["host_wait"] = start_wait
@@ -172,6 +179,9 @@ def main(argv: list[str]) -> int:
     phases("done")  # releases the host lock, if any
     result["phase"] = result.pop("failed_phase", "done")
     result["phase_s"] = phases.seconds
+    if before_s is not None:
+        # Start and setup: what a warm start (warm.py) forks ready and a cold one imports.
+        result["start_s"] = before_s + phases.seconds.get("start", 0.0)
     result["wall_s"] = time.perf_counter() - t0
     write_json(result_path, result)
     return 0

@@ -1,0 +1,82 @@
+"""Trials forked from the warm-start server: the same result as a spawned trial, and a crash,
+hang or memory-cap breach ends only its own trial."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from torchkiln.api import run_trials
+from torchkiln.runner.launch import warm
+from torchkiln.runner.launch.trial_process import run_trial
+from torchkiln.runner.protocol.trial import TrialSpec
+
+FIX = Path(__file__).parent / "fixtures"
+WL = FIX / "workloads.py"
+WARM_WL = FIX / "warm_workloads.py"
+FAST = {"reps": 3, "rep_ms": 5.0, "warmup_s": 0.0, "warmup_steps": 1}
+
+
+def _spec(workload: str, index: int = 0) -> TrialSpec:
+    return TrialSpec(workload=workload, variant="eager", index=index, **FAST)
+
+
+@pytest.mark.slow
+def test_a_warm_trial_reports_what_a_cold_one_does(tmp_path, monkeypatch):
+    monkeypatch.delenv(warm.WARM_ENV, raising=False)
+    spec = _spec(f"{WL}:tiny_mlp")
+    cold = run_trial(spec, tmp_path / "cold", timeout_s=120)
+    with warm.scoped():
+        hot = run_trial(spec, tmp_path / "warm", timeout_s=120)
+    assert (cold["start"], hot["start"]) == ("cold", "warm")
+    assert "no warm-start server" in cold["start_reason"] and "start_reason" not in hot
+    assert cold["status"] == hot["status"] == "ok"
+    assert set(cold) - {"start_reason"} == set(hot)
+    for key in ("settings", "correctness", "changes_numerics", "flops_per_step", "phase"):
+        assert cold[key] == hot[key], key
+    assert hot["start_s"] >= 0 and cold["start_s"] >= 0
+
+
+@pytest.mark.slow
+def test_a_segfault_a_hang_and_a_memory_cap_end_only_their_own_trials(tmp_path, monkeypatch):
+    monkeypatch.delenv(warm.WARM_ENV, raising=False)
+    specs = [
+        _spec(f"{WARM_WL}:segfaults", 0),
+        _spec(f"{WL}:hangs", 1),
+        _spec(f"{WARM_WL}:over_memory", 2),
+        _spec(f"{WL}:tiny_mlp", 3),  # after the others: the server they forked from is intact
+    ]
+    results = run_trials(specs, tmp_path, timeout_s=20)
+    by_wl = {r["workload"].split(":")[-1]: r for r in results}
+    assert [r["start"] for r in results] == ["warm"] * 4, [r.get("start_reason") for r in results]
+    assert by_wl["segfaults"]["status"] == "crashed"
+    assert "killed by SIGSEGV during " in by_wl["segfaults"]["reason"]
+    assert by_wl["hangs"]["status"] == "timeout"
+    assert "no result after 20 s" in by_wl["hangs"]["reason"]
+    assert by_wl["over_memory"]["status"] == "oom", by_wl["over_memory"]["reason"]
+    assert by_wl["tiny_mlp"]["status"] == "ok"
+    assert by_wl["tiny_mlp"]["steady_ms"]["median"] > 0
+    # Each trial's process group was ended with it: nothing of theirs is left running.
+    assert warm._active is None
+
+
+def test_warm_start_off_spawns_cold_and_says_why(tmp_path, monkeypatch):
+    monkeypatch.setenv(warm.WARM_ENV, "0")
+    with warm.scoped():
+        (r,) = run_trials([_spec(f"{WL}:tiny_mlp")], tmp_path, timeout_s=120)
+    assert r["start"] == "cold"
+    assert r["start_reason"] == "KILN_WARM_START=0"
+    assert r["status"] == "ok"
+
+
+def test_a_server_that_cannot_start_falls_back_to_cold_with_its_reason(tmp_path, monkeypatch):
+    monkeypatch.delenv(warm.WARM_ENV, raising=False)
+    # The server's command fails at once (no such module): the trial still runs, spawned.
+    monkeypatch.setattr(warm, "SERVER_MODULE", "torchkiln.no_such_module")
+    with warm.scoped():
+        (r,) = run_trials([_spec(f"{WL}:tiny_mlp")], tmp_path, timeout_s=120)
+    assert r["start"] == "cold"
+    assert "the warm-start server exited (code 1)" in r["start_reason"]
+    assert "No module named torchkiln.no_such_module" in r["start_reason"]
+    assert r["status"] == "ok"
