@@ -131,6 +131,7 @@ def _head_to_head_stage(
                 index=H2H_INDEX + k,
                 check_accuracy=False,
                 count_kernels=False,
+                stop_halfwidth=None,  # the comparison that decides the pick runs every rep
                 extra={
                     **base.extra,
                     "unchecked_because": "a head-to-head trial: its search trial checked it",
