@@ -441,10 +441,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
     progress.flush()  # deferrals after the last stage
     from torchkiln.repair.report import console_lines
     from torchkiln.tune.recommend import summary_lines
+    from torchkiln.tune.time_spent import console_line as time_spent_line
 
     lines = summary_lines(doc, out)
     if doc.get("recommendation"):  # the remedies the pick ships, before the closing report line
         lines[-1:-1] = console_lines(doc, out)
+    if spent := time_spent_line(doc.get("time_spent")):
+        lines.append(spent)
     print("\n".join(lines))
     _print_history(doc)
     if args.ship:
