@@ -105,3 +105,49 @@ def test_stop_interval_argument_takes_fractions_and_percentages():
     assert stop_interval("0") is None
     with pytest.raises(argparse.ArgumentTypeError, match="fraction"):
         stop_interval("tight")
+
+
+class ConstantTimer:
+    """The variant's step takes 1 ms and the baseline's 2 ms, every rep."""
+
+    device = "cpu"
+
+    def __init__(self, variant):
+        self.variant = variant
+
+    def time(self, fn, steps):
+        return 1.0 if fn is self.variant else 2.0
+
+
+def timed(**spec_fields):
+    from torchkiln.measure.stats import paired_speedup
+    from torchkiln.runner.protocol.measure_trial import mean_per_rep, timed_reps
+    from torchkiln.runner.protocol.trial import TrialSpec
+
+    def variant():
+        return None
+
+    def baseline():
+        return None
+
+    spec = TrialSpec(workload="simple", variant="eager", **spec_fields)
+    result = {"notes": []}
+    samples = timed_reps(
+        spec,
+        ConstantTimer(variant),
+        [variant, baseline],
+        result,
+        lambda s: paired_speedup(mean_per_rep(s[1:]), s[0]),
+    )
+    return samples, result
+
+
+def test_a_trial_records_why_its_reps_stopped():
+    samples, result = timed(reps=15)
+    assert len(samples[0]) == len(samples[1]) == 10  # the floor, a whole A B / B A rotation
+    assert result["reps"] == result["reps_run"] == 10
+    assert result["stop_reason"] == "interval" and result["stop_halfwidth"] == 0.005
+    samples, result = timed(reps=15, stop_halfwidth=None)
+    assert len(samples[0]) == 15 and result["stop_reason"] == "max_reps"
+    samples, result = timed(reps=15, max_measure_s=0.0)
+    assert result["stop_reason"] == "time" and result["reps_run"] == 1

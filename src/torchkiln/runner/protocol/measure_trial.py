@@ -253,10 +253,12 @@ def timed_reps(
         arms=len(steps),
     )
     reason: list[str] = []
+    started = time.perf_counter()
 
     def known(samples: list[list[float]]) -> bool:
         done = len(samples[0])
-        why = rule.decide(done)
+        late = spec.max_measure_s is not None and time.perf_counter() - started > spec.max_measure_s
+        why = rule.decide(done, out_of_time=late)
         if why is None and rule.may_check(done):
             speedup = speedup_of(samples)
             why = rule.decide(done, speedup.median, speedup.ci95)

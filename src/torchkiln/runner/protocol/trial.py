@@ -37,6 +37,9 @@ class TrialSpec:
     # at least min_reps (measure.stopping); None runs every rep (the head-to-head does).
     stop_halfwidth: float | None = 0.005
     min_reps: int = 10
+    # Seconds of timed reps after which they stop whatever the interval (None: no limit); the
+    # stop then reads "time".
+    max_measure_s: float | None = None
     rep_ms: float = 100.0  # target duration of one timed rep (steps per rep are calibrated)
     warmup_s: float = 0.5  # warm-up past compilation: at least this long and `warmup_steps`
     warmup_steps: int = 5
