@@ -9,6 +9,10 @@ from collections.abc import Iterable
 from typing import Any
 
 
+# Time before the first stage below this is argument checking, not worth a row.
+SHOWN_S = 0.05
+
+
 class StageClock:
     """Wraps a tune's events: every ``stage(name, ...)`` call also marks when that stage began.
     The rest passes through unchanged."""
@@ -28,10 +32,10 @@ class StageClock:
 def stage_seconds(marks: Iterable[tuple[str, float]], start: float, end: float) -> dict[str, float]:
     """Seconds per stage name: each mark lasts until the next (the last until ``end``); a name
     marked several times (search, once per candidate) sums its spans; time before the first
-    mark is ``setup``."""
+    mark is ``setup`` (when it is at least SHOWN_S)."""
     out: dict[str, float] = {}
     marks = list(marks)
-    if marks and marks[0][1] > start:
+    if marks and marks[0][1] - start >= SHOWN_S:
         out["setup"] = marks[0][1] - start
     for (name, t), nxt in zip(marks, [m[1] for m in marks[1:]] + [end], strict=True):
         out[name] = out.get(name, 0.0) + max(0.0, nxt - t)
