@@ -8,7 +8,6 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-
 # Time before the first stage below this is argument checking, not worth a row.
 SHOWN_S = 0.05
 
