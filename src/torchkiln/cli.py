@@ -11,6 +11,7 @@ from typing import Any
 from torchkiln import __version__, defaults
 from torchkiln.cli_args import (
     KilnParser,
+    add_stop_interval,
     budget_arg,
     check_inputs,
     debug_everywhere,
@@ -55,6 +56,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--baseline", default="eager", help="the spec every variant is paired with")
     _add_common(p)
     p.add_argument("--reps", type=positive_int, default=None, help="paired timed reps (default 15)")
+    add_stop_interval(p)
     p.add_argument(
         "--rep-ms", type=positive_float, default=None, help="target ms per rep (default 100)"
     )
@@ -208,6 +210,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     check_inputs(args, dirs=("out", "cache_dir"), files=("json_path",))
     args.run_dir = args.resume or args.out or default_run_dir(args.workload, args.step)
     overrides: dict[str, Any] = {"check_accuracy": not args.no_check}
+    overrides["stop_halfwidth"] = args.stop_interval
     if args.reps:
         overrides["reps"] = args.reps
     if args.rep_ms:
@@ -292,6 +295,7 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="paired timed reps per trial (default 15)",
     )
+    add_stop_interval(p)
     _add_history_options(p)
     p.add_argument(
         "--ship",
@@ -429,17 +433,21 @@ def cmd_tune(args: argparse.Namespace) -> int:
         allow_precision=allow,
         out=out,
         events=progress,
-        spec_overrides={"reps": args.reps} if args.reps else None,
+        spec_overrides={"stop_halfwidth": args.stop_interval}
+        | ({"reps": args.reps} if args.reps else {}),
         history=_history_of(args),
         fix=args.fix,
     )
     progress.flush()  # deferrals after the last stage
     from torchkiln.repair.report import console_lines
     from torchkiln.tune.recommend import summary_lines
+    from torchkiln.tune.time_spent import console_line as time_spent_line
 
     lines = summary_lines(doc, out)
     if doc.get("recommendation"):  # the remedies the pick ships, before the closing report line
         lines[-1:-1] = console_lines(doc, out)
+    if spent := time_spent_line(doc.get("time_spent")):
+        lines.append(spent)
     print("\n".join(lines))
     _print_history(doc)
     if args.ship:

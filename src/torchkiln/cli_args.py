@@ -187,3 +187,29 @@ def interrupted_hint(args: argparse.Namespace) -> str:
     if args.command == "tune":
         return f"{saved}: the same command, with the same --out, reuses them"
     return f"{saved}: continue with --resume {shlex.quote(str(where))}"
+
+
+def stop_interval(text: str) -> float | None:
+    """The speedup interval's half-width at which timed reps stop: a fraction (0.005) or a
+    percentage (0.5%); 0 runs every rep (None)."""
+    raw = text.strip()
+    scale = 100.0 if raw.endswith("%") else 1.0
+    try:
+        value = float(raw.rstrip("%")) / scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be a fraction or a percentage such as 0.005 or 0.5%, got {text!r}"
+        ) from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 0 and below 1 (100%), got {text}")
+    return value or None
+
+
+def add_stop_interval(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--stop-interval",
+        type=stop_interval,
+        default=0.005,
+        help="stop a trial's timed reps once the speedup's 95%% interval is within +- this "
+        "of its median, after 10 reps (default 0.5%%; 0: every rep)",
+    )

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkiln.repair import report as repair_report
-from torchkiln.report import evidence, svg, trend
+from torchkiln.report import evidence, svg, time_spent, trend
 from torchkiln.report.table import fmt_accuracy, fmt_memory, fmt_ms, fmt_speedup, fmt_tflops
 from torchkiln.tune.select import step_s
 from torchkiln.variants.base import report_sections
@@ -113,7 +113,7 @@ def markdown(doc: dict[str, Any]) -> str:
         out += ["| " + " | ".join(heads) + " |", "|" + "--|" * len(heads)]
         out += ["| " + " | ".join(_md(r[h]) for h in heads) + " |" for r in rows]
         out.append("")
-    for title, versus in report_sections(doc):
+    for title, versus in report_sections(doc) + time_spent.sections(doc):
         heads = list(versus[0])
         out += [f"## {title}", ""]
         out += ["| " + " | ".join(heads) + " |", "|" + "--|" * len(heads)]
@@ -220,7 +220,7 @@ def html(doc: dict[str, Any], history: str | Path | bool | None = False) -> str:
     table = ""
     if rows:
         table = _html_table(rows, list(rows[0]))
-    for title, versus in report_sections(doc):
+    for title, versus in report_sections(doc) + time_spent.sections(doc):
         table += f"<h2>{escape(title)}</h2>" + _html_table(versus, list(versus[0]))
     pick = (
         (

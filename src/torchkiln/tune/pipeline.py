@@ -46,6 +46,7 @@ from torchkiln.tune.search import (
 )
 from torchkiln.tune.select import finalists, select
 from torchkiln.tune.select import leader as current_leader
+from torchkiln.tune.time_spent import StageClock, stage_seconds, time_spent
 
 TUNE_SCHEMA = "torchkiln.tune/1"
 # The graph-break stage's least time when remedies are searched: a 45 s GPU tune left explain
@@ -132,6 +133,7 @@ def _head_to_head_stage(
                 index=H2H_INDEX + k,
                 check_accuracy=False,
                 count_kernels=False,
+                stop_halfwidth=None,  # the comparison that decides the pick runs every rep
                 extra={
                     **base.extra,
                     "unchecked_because": "a head-to-head trial: its search trial checked it",
@@ -208,7 +210,7 @@ def tune(
     """Run the pipeline and write results.json, report.md and report.html into ``out``; the
     result is also appended to the history store ``history`` (None: the default, False: none),
     and the report draws the trend of earlier comparable runs found there."""
-    events = events or TuneEvents()
+    events = clock = StageClock(events or TuneEvents())  # stage times for time_spent
     check_fix_mode(fix)
     t0 = time.monotonic()
     left = lambda: budget_s - (time.monotonic() - t0)  # noqa: E731
@@ -431,11 +433,14 @@ def tune(
         "head_to_head_trials": h2h,
         "baseline_drift": baseline_drift(results),
     }
+    doc["time_spent"] = time_spent(doc, stage_seconds(clock.marks, t0, time.monotonic()))
     write_json(out / "results.json", doc)
     from torchkiln.report.render import write_reports
 
+    clock.marks.append(("report", time.monotonic()))  # not announced: the console has its line
     write_reports(doc, out, history=history)
     doc["wall_s"] = time.monotonic() - t0
+    doc["time_spent"] = time_spent(doc, stage_seconds(clock.marks, t0, time.monotonic()))
     write_json(out / "results.json", doc)
     from torchkiln.history import record
 

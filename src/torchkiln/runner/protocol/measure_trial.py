@@ -18,6 +18,7 @@ from torchkiln.measure.flops import count_flops, peak_tflops
 from torchkiln.measure.kernels import kernels_per_step
 from torchkiln.measure.memory import MemoryTracker
 from torchkiln.measure.stats import paired_speedup, summarize
+from torchkiln.measure.stopping import StopRule
 from torchkiln.measure.timer import StepTimer, calibrate_steps, time_round_robin
 from torchkiln.runner.protocol.executable import Arm, build_arm
 from torchkiln.runner.protocol.replicas import build_order, replicas_record, replicated_speedup
@@ -235,16 +236,40 @@ def warm_baseline(arm: Arm, timer: StepTimer, spec: TrialSpec) -> float:
     return first_s
 
 
-def timed_reps(spec: TrialSpec, timer: StepTimer, steps: list, result: dict[str, Any]) -> list:
+def timed_reps(
+    spec: TrialSpec, timer: StepTimer, steps: list, result: dict[str, Any], speedup_of
+) -> list:
     """Paired reps of every arm, the order rotating (A B, B A, ...) so drift hits every arm
-    alike; steps per rep calibrated on the first arm. Records the host's load and any
-    recompilation during the reps."""
+    alike; steps per rep calibrated on the first arm. They stop early once ``speedup_of``'s
+    interval (over the samples so far) is as narrow as spec.stop_halfwidth asks
+    (measure.stopping). Records the host's load and any recompilation during the reps."""
     before_reps = dynamo_counters()  # after every arm's own warm-up (a baseline may compile)
     load_before = host_load.snapshot()
     per_rep = calibrate_steps(timer, steps[0], spec.rep_ms)
-    samples = time_round_robin(timer, steps, spec.reps, per_rep)
+    rule = StopRule(
+        max_reps=spec.reps,
+        halfwidth=spec.stop_halfwidth,
+        min_reps=min(spec.min_reps, spec.reps),
+        arms=len(steps),
+    )
+    reason: list[str] = []
+    started = time.perf_counter()
+
+    def known(samples: list[list[float]]) -> bool:
+        done = len(samples[0])
+        late = spec.max_measure_s is not None and time.perf_counter() - started > spec.max_measure_s
+        why = rule.decide(done, out_of_time=late)
+        if why is None and rule.may_check(done):
+            speedup = speedup_of(samples)
+            why = rule.decide(done, speedup.median, speedup.ci95)
+        if why is not None:
+            reason.append(why)
+        return why is not None
+
+    samples = time_round_robin(timer, steps, spec.reps, per_rep, until=known)
     result["steps_per_rep"] = per_rep
-    result["reps"] = spec.reps
+    result["reps"] = len(samples[0])
+    result.update(rule.record(len(samples[0]), reason[0] if reason else "max_reps"))
     host_load.record(result, load_before, spec.device)
     result["dynamo_after_measure"] = dynamo_counters()
     if result["dynamo_after_measure"]["recompiles"] > before_reps["recompiles"]:
@@ -272,7 +297,13 @@ def measure_single(
 
     # 3. Paired reps.
     phases("measure")
-    samples = timed_reps(spec, timer, [arm.step] + [b.step for b in bases], result)
+    samples = timed_reps(
+        spec,
+        timer,
+        [arm.step] + [b.step for b in bases],
+        result,
+        lambda s: paired_speedup(mean_per_rep(s[1:]), s[0]),
+    )
     var_ms, base_ms = samples[0], mean_per_rep(samples[1:])
     result["steady_ms"] = summarize(var_ms).to_dict()
     result["baseline_ms"] = summarize(base_ms).to_dict()
@@ -306,7 +337,13 @@ def measure_replicated(
         warm_baseline(arm, timer, spec)
     phases("measure")
     k = spec.replicas
-    samples = timed_reps(spec, timer, [a.step for a in arms["V"] + arms["B"]], result)
+    samples = timed_reps(
+        spec,
+        timer,
+        [a.step for a in arms["V"] + arms["B"]],
+        result,
+        lambda s: replicated_speedup(s[k:], s[:k]),
+    )
     var, base = samples[:k], samples[k:]
     result["steady_ms"] = summarize(mean_per_rep(var)).to_dict()
     result["baseline_ms"] = summarize(mean_per_rep(base)).to_dict()

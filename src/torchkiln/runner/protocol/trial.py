@@ -32,7 +32,14 @@ class TrialSpec:
     device: str = "cpu"
     preset: str = "full"
     batch_size: int | None = None
-    reps: int = 15
+    reps: int = 15  # the most paired reps: fewer once the speedup is known (stop_halfwidth)
+    # Reps stop once the speedup's 95% interval is within +-this fraction of its median, after
+    # at least min_reps (measure.stopping); None runs every rep (the head-to-head does).
+    stop_halfwidth: float | None = 0.005
+    min_reps: int = 10
+    # Seconds of timed reps after which they stop whatever the interval (None: no limit); the
+    # stop then reads "time".
+    max_measure_s: float | None = None
     rep_ms: float = 100.0  # target duration of one timed rep (steps per rep are calibrated)
     warmup_s: float = 0.5  # warm-up past compilation: at least this long and `warmup_steps`
     warmup_steps: int = 5

@@ -1,0 +1,106 @@
+"""time_spent: per-stage wall time and trial phases summed over trials, and its report section."""
+
+import pytest
+
+from tests_helpers import synthetic_tune_doc
+from torchkiln.report import time_spent as section
+from torchkiln.tune.time_spent import (
+    StageClock,
+    console_line,
+    phase_seconds,
+    stage_seconds,
+    time_spent,
+)
+
+
+def synthetic_doc():
+    trials = [
+        {"id": "00-eager", "process_wall_s": 20.0, "phase_s": {"start": 3.0, "setup": 11.0}},
+        {
+            "id": "01-inductor",
+            "process_wall_s": 70.0,
+            "phase_s": {"start": 3.0, "setup": 12.0, "first_call": 17.0, "measure": 19.0},
+        },
+        {"id": "02-old", "reused": True, "phase_s": {"measure": 999.0}},
+        {"id": "03-crash", "status": "crashed", "phase_s": None, "process_wall_s": 4.0},
+    ]
+    h2h = [{"id": "90-h2h", "process_wall_s": 30.0, "phase_s": {"measure": 21.0, "setup": 5.0}}]
+    return {"wall_s": 200.0, "trials": trials, "head_to_head_trials": h2h}
+
+
+def test_phase_sums_equal_the_per_trial_sums():
+    doc = synthetic_doc()
+    spent = time_spent(doc, {"search": 150.0, "head to head": 40.0})
+    measured = [t for t in doc["trials"] + doc["head_to_head_trials"] if not t.get("reused")]
+    for name in ("start", "setup", "first_call", "measure"):
+        want = sum((t.get("phase_s") or {}).get(name, 0.0) for t in measured)
+        assert spent["phases_s"][name] == pytest.approx(want)
+    assert spent["phases_s"]["measure"] == pytest.approx(40.0)  # the reused trial's 999 s not
+    assert spent["trials"] == 4 and spent["reused_trials"] == 1
+    assert spent["trial_process_s"] == pytest.approx(124.0)
+    assert spent["outside_phases_s"] == pytest.approx(124.0 - 91.0)
+    assert spent["stages_s"] == {"search": 150.0, "head to head": 40.0}
+    assert spent["wall_s"] == 200.0
+
+
+def test_stage_seconds_sum_repeated_marks_and_run_to_the_end():
+    marks = [("environment", 1.0), ("search", 3.0), ("search", 7.0), ("select", 10.0)]
+    got = stage_seconds(marks, start=0.0, end=12.0)
+    assert got == {"setup": 1.0, "environment": 2.0, "search": 7.0, "select": 2.0}
+    assert sum(got.values()) == pytest.approx(12.0)
+
+
+def test_stage_clock_marks_and_passes_calls_through():
+    seen = []
+
+    class Events:
+        def stage(self, name, detail, left):
+            seen.append(("stage", name))
+
+        def skipped(self, spec, why):
+            seen.append(("skipped", spec))
+
+    clock = StageClock(Events())
+    clock.stage("search", "x", 10.0)
+    clock.skipped("eager", "time")
+    assert [m[0] for m in clock.marks] == ["search"]
+    assert seen == [("stage", "search"), ("skipped", "eager")]
+
+
+def test_report_renders_the_section():
+    from torchkiln.report.render import html, markdown
+
+    doc = minimal_tune_doc()
+    for i, trial in enumerate(doc["trials"]):
+        trial.pop("reused", None)
+        trial["phase_s"] = {"setup": 10.0 + i, "first_call": 2.0}
+    setup = sum(10.0 + i for i in range(len(doc["trials"])))
+    n = len(doc["trials"]) + len(doc.get("head_to_head_trials", []))
+    doc["time_spent"] = time_spent(doc, {"baseline": 20.0, "search": 70.0})
+    md = markdown(doc)
+    assert "## Where the time went" in md
+    assert "| stage: search | 70.0 |" in md
+    assert f"| phase: setup ({n} trials) | {setup:.1f} |" in md
+    page = html(doc)
+    assert "<h2>Where the time went</h2>" in page and f"phase: first_call ({n} trials)" in page
+
+
+def test_older_results_without_time_spent_render_without_the_section():
+    from torchkiln.report.render import markdown
+
+    assert "Where the time went" not in markdown(minimal_tune_doc())
+    assert section.sections({}) == [] and console_line(None) is None
+
+
+def test_console_line_is_compact():
+    spent = time_spent(synthetic_doc(), {"search": 150.0, "select": 0.1})
+    line = console_line(spent)
+    assert (
+        line
+        == "time spent: 200s (search 150s); over 4 trials: measure 40s, setup 28s, first_call 17s"
+    )
+    assert phase_seconds([])[1]["trials"] == 0
+
+
+def minimal_tune_doc():
+    return synthetic_tune_doc()
