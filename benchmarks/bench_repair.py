@@ -96,24 +96,30 @@ def _is_plain(spec: str, mode: str, precision: str) -> bool:
     )
 
 
-def plain_from_tune(doc: dict[str, Any], pick: str, modes: tuple[str, ...]) -> dict[str, Any]:
-    """The plain modes the tune itself measured on the unmodified model at the pick's
-    precision, against the pick: both paired with the eager runs of their own trials, so the
-    ratio is pick speedup over plain speedup, its interval the widest the two allow."""
-    precision = parse_variant(pick).precision
+def plain_from_tune(
+    doc: dict[str, Any], pick: str, modes: tuple[str, ...], precisions: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The plain modes the tune itself measured on the unmodified model, at the pick's precision
+    or any the tune was allowed (an eager fp32 pick still faces the plain bf16 modes), against
+    the pick: both paired with the eager runs of their own trials, so the ratio is pick speedup
+    over plain speedup, its interval the widest the two allow."""
+    allowed = dict.fromkeys([parse_variant(pick).precision, *precisions])
     p = next(t for t in doc["trials"] if t["variant"] == pick)["speedup"]
     rows, missing = {}, {}
     for mode in modes:
-        t = next((t for t in doc["trials"] if _is_plain(t["variant"], mode, precision)), None)
-        if t is None or t.get("status") != "ok" or not t.get("speedup"):
-            why = "not measured by the tune" if t is None else f"{t['status']}: {t.get('reason')}"
-            missing[mode] = why
-            continue
-        q = t["speedup"]
-        rows[t["variant"]] = {
-            "ratio": p["median"] / q["median"],
-            "ci95": [p["ci95"][0] / q["ci95"][1], p["ci95"][1] / q["ci95"][0]],
-        }
+        for precision in allowed:
+            t = next((t for t in doc["trials"] if _is_plain(t["variant"], mode, precision)), None)
+            if t is None or t.get("status") != "ok" or not t.get("speedup"):
+                why = (
+                    "not measured by the tune" if t is None else f"{t['status']}: {t.get('reason')}"
+                )
+                missing[f"{mode}@{precision}"] = why
+                continue
+            q = t["speedup"]
+            rows[t["variant"]] = {
+                "ratio": p["median"] / q["median"],
+                "ci95": [p["ci95"][0] / q["ci95"][1], p["ci95"][1] / q["ci95"][0]],
+            }
     best = min(rows, key=lambda v: rows[v]["ratio"]) if rows else None
     return {
         "pick_over_plain": rows,
@@ -122,6 +128,26 @@ def plain_from_tune(doc: dict[str, Any], pick: str, modes: tuple[str, ...]) -> d
         "pick_over_best_plain": rows[best] if best else None,
         "from": "the tune's own trials",
     }
+
+
+def rejudge(args: argparse.Namespace, rows: list[dict[str, Any]], out: Path) -> None:
+    """Each row's plain comparison again, from OUT/<model>/results.json (the tune's results,
+    kept beside bench_repair.json): a change of the comparison without a GPU run."""
+    modes = tuple(m for m in args.plain_modes.split(",") if m)
+    precisions = tuple(p for p in args.allow_precision.split(",") if p)
+    for row in rows:
+        path = out / row["model"] / "results.json"
+        if not row.get("pick") or not path.exists() or args.paired:
+            continue
+        doc = json.loads(path.read_text())
+        row["plain"] = plain_from_tune(doc, row["pick"], modes, precisions)
+        finish_row(row)
+
+
+def finish_row(row: dict[str, Any]) -> None:
+    best = (row.get("plain") or {}).get("pick_over_best_plain")
+    row["over_best_plain"] = best
+    row["never_slower"] = None if best is None else best["ci95"][1] >= 1.0
 
 
 def reverify(doc: dict[str, Any], args: argparse.Namespace, out: Path) -> dict[str, Any] | None:
@@ -199,11 +225,10 @@ def run_model(args: argparse.Namespace, model: str, out: Path) -> dict[str, Any]
             row["plain"] = plain_against_pick(args, model, pick, plan, out / f"{model}-plain")
             row["plain"].pop("environment", None)
         else:
-            row["plain"] = plain_from_tune(doc, pick, modes)
+            precisions = tuple(p for p in args.allow_precision.split(",") if p)
+            row["plain"] = plain_from_tune(doc, pick, modes, precisions)
         row["reverify"] = reverify(doc, args, out / model)
-    best = (row.get("plain") or {}).get("pick_over_best_plain")
-    row["over_best_plain"] = best
-    row["never_slower"] = None if best is None else best["ci95"][1] >= 1.0
+    finish_row(row)
     return row
 
 
@@ -361,6 +386,12 @@ def main(argv: list[str] | None = None) -> int:
         help="models run in this many processes at once, taking turns on the host "
         "(KILN_HOST_TURNS): compiles overlap, timed reps never overlap another's work",
     )
+    ap.add_argument(
+        "--rejudge",
+        action="store_true",
+        help="run nothing: recompute each row's plain comparison and the goals from "
+        "OUT/<model>/results.json and rewrite OUT/bench_repair.json",
+    )
     ap.add_argument("--part", type=int, default=None, help=argparse.SUPPRESS)
     argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
@@ -386,7 +417,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kept from {kept}: {', '.join(sorted(done)) or 'nothing'}", flush=True)
         models = [m for m in models if m not in done]
     commands.append(" ".join([sys.executable, __file__, *argv]))
-    if args.jobs > 1 and args.part is None:
+    if args.rejudge:
+        earlier = json.loads(kept.read_text())
+        rows, not_run, env = earlier["rows"], earlier.get("not_run", []), earlier.get("environment")
+        commands = (earlier.get("commands") or [earlier.get("command")]) + commands[-1:]
+        rejudge(args, rows, out)
+        models = []
+        t0 -= earlier.get("wall_s") or 0.0  # the run's own wall time, not this rewrite's
+    if args.jobs > 1 and args.part is None and models:
         part_rows, not_run, env = run_parts(args, argv, models, out, env)
         rows += part_rows
     else:

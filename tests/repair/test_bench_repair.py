@@ -41,7 +41,22 @@ def test_the_pick_is_compared_with_the_plain_modes_the_tune_measured():
     assert got["best_plain"] == "inductor:mode=reduce-overhead,dynamic=false+bf16"
     assert got["pick_over_best_plain"]["ratio"] == 4.0
     assert got["pick_over_best_plain"]["ci95"] == [7.6 / 2.1, 8.4 / 1.9]
-    assert got["not_measured"] == {"max-autotune": "not measured by the tune"}
+    assert got["not_measured"] == {"max-autotune@bf16": "not measured by the tune"}
+
+
+def test_an_eager_pick_faces_the_plain_modes_at_every_allowed_precision():
+    br = _load()
+    doc = {
+        "trials": [
+            _trial("eager", 1.0, 0.99, 1.01),
+            _trial("inductor:dynamic=false+bf16", 0.5, 0.45, 0.55),
+            _trial("inductor:mode=reduce-overhead,dynamic=false+bf16", 0.8, 0.75, 0.85),
+        ]
+    }
+    got = br.plain_from_tune(doc, "eager", ("default", "reduce-overhead"), ("bf16",))
+    assert got["best_plain"] == "inductor:mode=reduce-overhead,dynamic=false+bf16"
+    assert got["pick_over_best_plain"]["ratio"] == 1.0 / 0.8
+    assert set(got["not_measured"]) == {"default@fp32", "reduce-overhead@fp32"}
 
 
 def test_goals_geomean_over_broken_models_and_no_pick_slower():
