@@ -296,6 +296,14 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
         help="paired timed reps per trial (default 15)",
     )
     add_stop_interval(p)
+    p.add_argument(
+        "--compile-workers",
+        type=positive_int,
+        default=None,
+        help="trials in flight on one GPU: their compiles overlap, their timed reps take "
+        "turns (default: from the host's cores and memory and the GPU's, at most 4; "
+        "KILN_COMPILE_WORKERS; 1 on the CPU)",
+    )
     _add_history_options(p)
     p.add_argument(
         "--ship",
@@ -437,6 +445,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         | ({"reps": args.reps} if args.reps else {}),
         history=_history_of(args),
         fix=args.fix,
+        compile_workers=args.compile_workers,
     )
     progress.flush()  # deferrals after the last stage
     from torchkiln.repair.report import console_lines

@@ -20,6 +20,7 @@ from torchkiln.repair.arm import PLAN_KEY
 from torchkiln.repair.plan import check_mode as check_fix_mode
 from torchkiln.report.drift import baseline_drift
 from torchkiln.runner.launch import warm
+from torchkiln.runner.launch.concurrency import search_slots
 from torchkiln.runner.launch.executors import LocalExecutor, stream
 from torchkiln.runner.launch.trial_process import preflight, run_trial
 from torchkiln.runner.protocol.trial import TrialSpec, base_result
@@ -206,6 +207,7 @@ def tune(
     in_process: bool = False,
     history: str | Path | bool | None = None,
     fix: str = "code",
+    compile_workers: int | None = None,
 ) -> dict[str, Any]:
     """Run the pipeline and write results.json, report.md and report.html into ``out``; the
     result is also appended to the history store ``history`` (None: the default, False: none),
@@ -327,7 +329,13 @@ def tune(
 
     # Estimates are updated from what each trial really took.
     estimate = Estimator(float(eager.get("process_wall_s") or 30.0))
-    slots = visible_gpus(device) if not in_process else [None]
+    if in_process:
+        slots, in_flight = [None], "1 at once: trials run in this process"
+    else:
+        gpus = [g for g in visible_gpus(device) if g is not None]
+        slots, in_flight = search_slots(device, gpus, eager, compile_workers)
+    stages["search"]["in_flight"] = {"trials": len(slots), "why": in_flight}
+    events.stage("search", f"trials in flight: {in_flight}", left())
     queue = SearchQueue(plan)
     stages["search"]["refined"] = []
     stages["search"]["deferred"] = queue.deferred_why
