@@ -1,0 +1,82 @@
+"""Streams: trace parsing errors case by case, and a replay's compiler counters on a tiny model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torchkiln.errors import KilnUserError
+from torchkiln.measure.stream_replay import replay
+from torchkiln.workloads.stream import Stream
+
+
+def _make(batch: int, seq: int) -> tuple[torch.Tensor]:
+    return (torch.randn(batch, seq, 8),)
+
+
+def _trace(tmp_path, lines: list[str]):
+    p = tmp_path / "t.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+def test_trace_builds_items_in_order(tmp_path):
+    p = _trace(tmp_path, ['{"batch": 2, "seq": 3}', "", '{"batch": 1, "seq": 5}'])
+    s = Stream.from_trace(p, _make)
+    assert [x[0].shape for x in s] == [(2, 3, 8), (1, 5, 8)]
+    assert s.where(1) == f"{p}:3"
+
+
+@pytest.mark.parametrize(
+    ("lines", "needle"),
+    [
+        (['{"batch": 2, "seq": 3}', '{"batch": 2}'], ":2:"),  # a missing size
+        (['{"batch": 2, "seq": -3}'], ":1: sizes must be positive"),
+        (['{"batch": 2, "seq": 900}'], ":1: seq=900 is beyond what the model accepts"),
+        (["not json"], ":1: not JSON"),
+        (['{"batch": 2, "len": 3}'], ":1: sizes {'batch': 2, 'len': 3} do not fit"),
+        (["", "  "], "is empty"),
+    ],
+)
+def test_trace_errors_name_the_line(tmp_path, lines, needle):
+    p = _trace(tmp_path, lines)
+    with pytest.raises(KilnUserError, match=None) as err:
+        Stream.from_trace(p, _make, limits={"seq": 512})
+    assert needle in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_required_symbol_missing(tmp_path):
+    p = _trace(tmp_path, ['{"batch": 2}'])
+    with pytest.raises(KilnUserError, match=r":1: missing size\(s\) \['seq'\]"):
+        Stream.from_trace(p, lambda batch, seq=4: _make(batch, seq), required=["seq"])
+
+
+def test_empty_stream():
+    with pytest.raises(KilnUserError, match="empty"):
+        Stream.from_items([])
+
+
+def test_input_that_does_not_fit_names_the_item():
+    s = Stream.from_items([(torch.randn(2, 8),), (torch.randn(2, 7),)])
+    m = torch.nn.Linear(8, 4)
+    with pytest.raises(KilnUserError, match="stream item 2: the input does not fit the model"):
+        replay(m, m, s)
+
+
+def test_static_compile_recompiles_per_shape_and_matches_eager():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
+    sizes = [{"batch": 1, "seq": n} for n in (3, 5, 3, 7, 5, 7, 3)]
+    s = Stream.from_sizes(_make, sizes)
+    compiled = torch.compile(m, dynamic=False, backend="eager")
+    r = replay(compiled, m, s, check=lambda a, b: torch.allclose(a, b, atol=1e-5))
+    assert r["distinct_shapes"] == 3
+    # dynamo compiles one graph per distinct static shape: the first plus one recompile each
+    assert r["compiles"] == 3
+    assert r["recompiles"] == 2
+    assert r["eager_fallbacks"] == 0
+    assert r["mismatched_items"] == []
+    assert r["items"] == 7
+    assert r["compile_time_s"] is None or r["compile_time_s"] > 0
