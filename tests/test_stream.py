@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -80,3 +82,34 @@ def test_static_compile_recompiles_per_shape_and_matches_eager():
     assert r["mismatched_items"] == []
     assert r["items"] == 7
     assert r["compile_time_s"] is None or r["compile_time_s"] > 0
+
+
+def _kiln(*argv: str):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    return subprocess.run(
+        [sys.executable, "-m", "torchkiln.cli", *argv], capture_output=True, text=True, env=env
+    )
+
+
+def test_bench_stream_end_to_end(tmp_path):
+    trace = _trace(tmp_path, ['{"batch": 2, "side": 24}', '{"batch": 1, "side": 32}'])
+    out = tmp_path / "run"
+    common = ("bench", "simple", "--preset", "tiny", "--device", "cpu", "--variants", "eager")
+    r = _kiln(*common, "--stream", str(trace), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((out / "stream.json").read_text())
+    (t,) = doc["trials"]
+    assert t["status"] == "ok" and t["items"] == 2 and t["distinct_shapes"] == 2
+    assert t["mismatched_items"] == []
+    # a bad trace: exit 2, one line naming the line, the earlier run's results untouched
+    before = (out / "stream.json").read_text()
+    bad = _trace(tmp_path, ['{"batch": 2, "side": 24}', '{"batch": 0, "side": 24}'])
+    r = _kiln(*common, "--stream", str(bad), "--out", str(out))
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and f"{bad}:2:" in r.stderr
+    assert (out / "stream.json").read_text() == before

@@ -14,7 +14,12 @@ from typing import Any
 from torchkiln.errors import KilnUserError
 from torchkiln.serve.trace import generate_trace, read_trace
 
-Inputs = tuple[Any, ...]
+# a tuple of positional inputs or a dict of keyword inputs, as a Workload's example_inputs
+Inputs = tuple[Any, ...] | dict[str, Any]
+
+
+def _as_inputs(x: Any) -> Inputs:
+    return x if isinstance(x, (tuple, dict)) else (x,)
 
 
 @dataclass
@@ -29,7 +34,7 @@ class Stream:
     def __post_init__(self) -> None:
         if not self.items:
             raise KilnUserError("the stream is empty: it needs at least one item")
-        self.items = [x if isinstance(x, tuple) else (x,) for x in self.items]
+        self.items = [_as_inputs(x) for x in self.items]
 
     def __len__(self) -> int:
         return len(self.items)
@@ -47,7 +52,7 @@ class Stream:
         for x in items:
             if limit is not None and len(out) >= limit:
                 break
-            out.append(x if isinstance(x, tuple) else (x,))
+            out.append(_as_inputs(x))
         return cls(out)
 
     @classmethod
@@ -79,7 +84,7 @@ class Stream:
                 raise KilnUserError(
                     f"{where[i]}: sizes {dict(s)} do not fit the workload ({exc})"
                 ) from exc
-            items.append(x if isinstance(x, tuple) else (x,))
+            items.append(_as_inputs(x))
         return cls(items, [dict(s) for s in sizes], where)
 
     @classmethod
@@ -130,3 +135,31 @@ def mixed_resolution_sizes(
 
     rng = np.random.default_rng(seed)
     return [{"batch": batch, "side": int(sides[j])} for j in rng.integers(0, len(sides), n)]
+
+
+def workload_stream(
+    workload: Any, path: str | Path | None = None, length: int | None = None
+) -> Stream:
+    """The stream a bench or tune replays for ``workload``: the trace at ``path`` made into inputs
+    by the workload's ``make_inputs``, else its ``default_sizes(n)`` sample, else its
+    ``input_stream`` generator; ``length`` items (default 200 when the workload samples sizes)."""
+    if path is not None or workload.default_sizes is not None:
+        if workload.make_inputs is None:
+            raise KilnUserError(
+                f"workload {workload.name!r} does not make inputs for given sizes "
+                "(its Workload has no make_inputs), so it cannot take --stream"
+            )
+        if path is not None:
+            return Stream.from_trace(
+                path, workload.make_inputs, limits=workload.size_limits, length=length
+            )
+        if length is not None and length < 1:
+            raise KilnUserError(f"--stream-len must be >= 1, got {length}")
+        sizes = workload.default_sizes(length or 200)
+        return Stream.from_sizes(workload.make_inputs, sizes, limits=workload.size_limits)
+    if workload.input_stream is not None:
+        return Stream.from_items(workload.input_stream(), limit=length or 200)
+    raise KilnUserError(
+        f"workload {workload.name!r} has no stream: give --stream FILE.jsonl with a workload "
+        "whose Workload has make_inputs"
+    )
