@@ -113,3 +113,39 @@ def test_bench_stream_end_to_end(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and f"{bad}:2:" in r.stderr
     assert (out / "stream.json").read_text() == before
+
+
+FACTORY = """
+import torch
+from torchkiln import Workload
+
+
+def make():
+    return Workload(
+        model=torch.nn.Linear(8, 4),
+        example_inputs=(torch.randn(2, 8),),
+        make_inputs=lambda batch, feat: (torch.randn(batch, feat),),
+    )
+"""
+
+
+def test_bench_stream_input_the_model_refuses(tmp_path):
+    # the maker accepts any feature size; the model takes 8 features only
+    (tmp_path / "tiny_linear.py").write_text(FACTORY)
+    trace = _trace(tmp_path, ['{"batch": 1, "feat": 8}', '{"batch": 2, "feat": 5}'])
+    r = _kiln(
+        "bench",
+        f"{tmp_path / 'tiny_linear.py'}:make",
+        "--device",
+        "cpu",
+        "--variants",
+        "eager",
+        "--stream",
+        str(trace),
+        "--out",
+        str(tmp_path / "run"),
+    )
+    assert r.returncode == 2, r.stderr
+    assert f"{trace}:2: the input does not fit the model" in r.stderr
+    assert r.stderr.strip().count("\n") == 0
+    assert not (tmp_path / "run").exists()

@@ -35,6 +35,7 @@ def wants_stream(args: argparse.Namespace) -> bool:
 
 
 def cmd_bench_stream(args: argparse.Namespace, device: str, variants: list[str]) -> int:
+    from torchkiln.api import resolve_preset
     from torchkiln.workloads.loader import load_workload
     from torchkiln.workloads.stream import workload_stream
 
@@ -44,10 +45,9 @@ def cmd_bench_stream(args: argparse.Namespace, device: str, variants: list[str])
         raise KilnUserError(f"--stream {args.stream!r}: no such file")
     # the stream is built and checked here, before anything is written, so a bad trace fails
     # with its line named and leaves an earlier run's files as they were
+    args.preset = resolve_preset(args.preset, device)
     w = load_workload(args.workload, preset=args.preset, batch_size=args.batch_size)
     stream = workload_stream(w, args.stream, args.stream_len)
-    run_dir = Path(args.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     spec = {
         "workload": args.workload,
         "preset": args.preset,
@@ -57,6 +57,11 @@ def cmd_bench_stream(args: argparse.Namespace, device: str, variants: list[str])
         "stream_len": args.stream_len,
     }
     trials = [_trial({**spec, "variant": v}, args.timeout) for v in variants]
+    errors = {t.get("error") for t in trials if t.get("status") == "error"}
+    if len(errors) == 1 and all(t.get("status") == "error" for t in trials):
+        # the same refusal in every trial is the stream's fault (an input the model does not
+        # take), not a variant's: a user error, with nothing written
+        raise KilnUserError(errors.pop())
     doc = {
         "kind": "stream-bench",
         "workload": args.workload,
@@ -64,6 +69,8 @@ def cmd_bench_stream(args: argparse.Namespace, device: str, variants: list[str])
         **spec,
         "trials": trials,
     }
+    run_dir = Path(args.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "stream.json").write_text(json.dumps(doc, indent=2, default=str))
     if args.json_path == "-":
         print(json.dumps(doc, indent=2, default=str))
