@@ -15,6 +15,31 @@ def _dynamo_counters() -> Mapping[str, Mapping[str, int]] | None:
     return counters
 
 
+_RECORDINGS = [0, False]  # recordings seen, whether the count is hooked on this torch
+
+
+def watch_cudagraph_recordings() -> None:
+    """Count CUDA-graph tree recordings from now on (once per process); where this torch has no
+    ``CUDAGraphNode`` the count stays None."""
+    if _RECORDINGS[1]:
+        return
+    try:
+        from torch._inductor import cudagraph_trees
+    except ImportError:  # a torch without inductor's CUDA-graph trees
+        return
+    node = getattr(cudagraph_trees, "CUDAGraphNode", None)
+    if node is None:
+        return
+    init = node.__init__
+
+    def counting_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        _RECORDINGS[0] += 1
+        init(self, *args, **kwargs)
+
+    node.__init__ = counting_init
+    _RECORDINGS[1] = True
+
+
 def snapshot() -> dict[str, Any]:
     """Totals so far: frames compiled (``stats.unique_graphs``), recompiles (frames compiled
     beyond the first per code object), graph breaks, CUDA-graph recordings."""
@@ -29,14 +54,12 @@ def snapshot() -> dict[str, Any]:
         }
     stats = c.get("stats", {})
     frames = c.get("frames", {})
-    inductor = c.get("inductor", {})
     return {
         "compiles": int(stats.get("unique_graphs", 0)),
         "graph_breaks": int(sum(c.get("graph_break", {}).values())),
-        # cudagraph trees count each recording under this name on the torch versions that have it
-        "cudagraph_recordings": int(inductor.get("cudagraph_recorded_non_static_inputs", 0))
-        if "cudagraph_recorded_non_static_inputs" in inductor
-        else int(inductor.get("cudagraph_recordings", 0)),
+        # inductor has no counter of recordings (cudagraph_recorded_non_static_inputs counts
+        # inputs): CUDAGraphNode records once per node, and each node is counted where it is made
+        "cudagraph_recordings": _RECORDINGS[0] if _RECORDINGS[1] else None,
         # frames dynamo tried and did not compile (recompile limit hit, unsupported code)
         # run eagerly
         "eager_fallbacks": int(frames.get("total", 0)) - int(frames.get("ok", 0)),

@@ -64,6 +64,7 @@ def replay(
             _timed(eager, first, device)
     except (RuntimeError, ValueError, TypeError, IndexError) as exc:
         raise KilnUserError(f"{stream.where(0)}: the input does not fit the model ({exc})") from exc
+    compile_watch.watch_cudagraph_recordings()
     before = compile_watch.snapshot()
     t_c: list[float] = []
     t_e: list[float] = []
