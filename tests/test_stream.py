@@ -150,3 +150,12 @@ def test_bench_stream_input_the_model_refuses(tmp_path):
     assert f"{trace}:2: the input does not fit the model" in r.stderr
     assert r.stderr.strip().count("\n") == 0
     assert not (tmp_path / "run").exists()
+
+
+def test_simple_default_stream_mixes_three_resolutions():
+    from torchkiln.workloads.loader import load_workload
+    from torchkiln.workloads.stream import workload_stream
+
+    s = workload_stream(load_workload("simple", preset="tiny"), length=30)
+    assert len(s) == 30
+    assert {x[0].shape[-1] for x in s} == {24, 32, 40}
