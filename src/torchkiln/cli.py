@@ -28,6 +28,7 @@ from torchkiln.errors import KilnUserError
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     from torchkiln.api import DEFAULT_VARIANTS
+    from torchkiln.cli_stream import add_stream_options
     from torchkiln.variants.base import backend_choices
 
     backends = ", ".join(
@@ -69,6 +70,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         "A t interval with K - 1 degrees of freedom: use 4 or more (at K = 2 it is 6x wider)",
     )
     p.add_argument("--no-check", action="store_true", help="skip the correctness check")
+    add_stream_options(p)
     p.add_argument(
         "--timeout",
         type=positive_float,
@@ -198,6 +200,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from torchkiln.api import bench, default_variants
     from torchkiln.backends.distributed.config import check_dist
     from torchkiln.backends.distributed.launch import dist_summary_lines
+    from torchkiln.cli_stream import cmd_bench_stream, wants_stream
     from torchkiln.report.table import render
     from torchkiln.runner.launch.executors import make_executor
     from torchkiln.variants import parse_variant, split_variants
@@ -209,6 +212,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         parse_variant(spec)
     check_inputs(args, dirs=("out", "cache_dir"), files=("json_path",))
     args.run_dir = args.resume or args.out or default_run_dir(args.workload, args.step)
+    if wants_stream(args):
+        return cmd_bench_stream(args, device, variants)
     overrides: dict[str, Any] = {"check_accuracy": not args.no_check}
     overrides["stop_halfwidth"] = args.stop_interval
     if args.reps:

@@ -24,6 +24,9 @@ class Workload:
     (lr 0.01, momentum 0.9): with SGD the first update is ``-lr * grad``, which is how the
     correctness check reads gradients for every scope, the compiled whole step included.
     ``input_stream`` yields inputs of varying shapes, for workloads whose traffic varies.
+    ``make_inputs(**sizes)`` makes the inputs for sizes such as ``batch=4, seq=77`` (what a
+    ``--stream`` trace line gives), ``size_limits`` caps each size at what the model accepts, and
+    ``default_sizes(n)`` samples n sizes of realistic traffic (see torchkiln.workloads.stream).
     """
 
     model: Any
@@ -34,6 +37,9 @@ class Workload:
     loss_fn: Callable[[Any, Any], Any] | None = None
     make_optimizer: Callable[[Any], Any] | None = None
     input_stream: Callable[[], Iterator[Inputs]] | None = None
+    make_inputs: Callable[..., Inputs] | None = None
+    size_limits: dict[str, int] = field(default_factory=dict)
+    default_sizes: Callable[[int], list[dict[str, int]]] | None = None
     description: str = ""
     convolutional: bool = False
     meta: dict[str, Any] = field(default_factory=dict)

@@ -76,9 +76,8 @@ class SimpleCNN:  # namespace so the nn.Module subclass is built only once torch
 @register_workload("simple", description="small CNN (2 conv + BN + ReLU, pool, linear), 224x224")
 def simple(preset: str = "full", batch_size: int | None = None, step: str = "infer") -> Workload:
     batch, size = _size("simple", preset, batch_size)
-    return _image_workload(
-        "simple", SimpleCNN.build(10), batch, size, 10, step, "classic small CNN"
-    )
+    w = _image_workload("simple", SimpleCNN.build(10), batch, size, 10, step, "classic small CNN")
+    return _with_image_stream(w, batch, (size * 3 // 4, size, size * 5 // 4))
 
 
 @register_workload("resnet50", description="torchvision ResNet-50, random weights", extra="vision")
@@ -86,7 +85,19 @@ def resnet50(preset: str = "full", batch_size: int | None = None, step: str = "i
     tv_models = require("torchvision.models", "vision", "the resnet50 workload")
     batch, size = _size("resnet50", preset, batch_size)
     model = tv_models.resnet50(weights=None)
-    return _image_workload("resnet50", model, batch, size, 1000, step, "ResNet-50")
+    w = _image_workload("resnet50", model, batch, size, 1000, step, "ResNet-50")
+    return _with_image_stream(w, batch, (160, 192, 224, 256, 288))
+
+
+def _with_image_stream(w: Workload, batch: int, sides: tuple[int, ...]) -> Workload:
+    """Inputs for ``batch`` images of ``side`` x ``side``; the default stream mixes resolutions."""
+    import torch
+
+    from torchkiln.workloads.stream import mixed_resolution_sizes
+
+    w.make_inputs = lambda batch, side: (torch.randn(batch, 3, side, side),)
+    w.default_sizes = lambda n: mixed_resolution_sizes(n, batch=batch, sides=sides)
+    return w
 
 
 @register_workload(
@@ -107,7 +118,21 @@ def bert_base(preset: str = "full", batch_size: int | None = None, step: str = "
     }
     if step == "train":
         inputs["labels"] = torch.randint(0, config.num_labels, (batch,))
+
+    def make_inputs(batch: int, seq: int) -> dict[str, Any]:
+        return {
+            "input_ids": torch.randint(0, config.vocab_size, (batch, seq)),
+            "attention_mask": torch.ones(batch, seq, dtype=torch.long),
+        }
+
+    from torchkiln.workloads.stream import lognormal_seq_sizes
+
     return Workload(
+        make_inputs=make_inputs,
+        size_limits={"seq": config.max_position_embeddings},
+        default_sizes=lambda n: lognormal_seq_sizes(
+            n, batch=batch, max_seq=config.max_position_embeddings
+        ),
         model=model,
         example_inputs=inputs,
         name="bert-base",

@@ -1,0 +1,140 @@
+"""``kiln bench --stream``: each variant replays the workload's stream in its own process, paired
+per item with eager; results go to ``<run dir>/stream.json`` and a table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from torchkiln.errors import KilnUserError
+
+
+def add_stream_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--stream",
+        metavar="FILE.jsonl",
+        help='replay this trace of sizes (one object a line, e.g. {"batch": 4, "seq": 77}) '
+        "instead of timing one fixed input",
+    )
+    p.add_argument(
+        "--stream-len",
+        type=int,
+        default=None,
+        help="items of the stream to replay (default: the whole trace, or 200 of the "
+        "workload's default stream)",
+    )
+
+
+def wants_stream(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "stream", None) or getattr(args, "stream_len", None))
+
+
+def cmd_bench_stream(args: argparse.Namespace, device: str, variants: list[str]) -> int:
+    from torchkiln.api import resolve_preset
+    from torchkiln.workloads.loader import load_workload
+    from torchkiln.workloads.stream import workload_stream
+
+    if args.step != "infer":
+        raise KilnUserError("--stream replays inference only: use --step infer")
+    if args.stream and not Path(args.stream).is_file():
+        raise KilnUserError(f"--stream {args.stream!r}: no such file")
+    # the stream is built and checked here, before anything is written, so a bad trace fails
+    # with its line named and leaves an earlier run's files as they were
+    args.preset = resolve_preset(args.preset, device)
+    w = load_workload(args.workload, preset=args.preset, batch_size=args.batch_size)
+    stream = workload_stream(w, args.stream, args.stream_len)
+    spec = {
+        "workload": args.workload,
+        "preset": args.preset,
+        "batch_size": args.batch_size,
+        "device": device,
+        "stream": str(Path(args.stream).resolve()) if args.stream else None,
+        "stream_len": args.stream_len,
+    }
+    trials = [_trial({**spec, "variant": v}, args.timeout) for v in variants]
+    errors = {t.get("error") for t in trials if t.get("status") == "error"}
+    if len(errors) == 1 and all(t.get("status") == "error" for t in trials):
+        # the same refusal in every trial is the stream's fault (an input the model does not
+        # take), not a variant's: a user error, with nothing written
+        raise KilnUserError(errors.pop())
+    doc = {
+        "kind": "stream-bench",
+        "workload": args.workload,
+        "items": len(stream),
+        **spec,
+        "trials": trials,
+    }
+    run_dir = Path(args.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "stream.json").write_text(json.dumps(doc, indent=2, default=str))
+    if args.json_path == "-":
+        print(json.dumps(doc, indent=2, default=str))
+    else:
+        _render(doc)
+        print(f"results: {run_dir / 'stream.json'}")
+    if args.json_path and args.json_path != "-":
+        Path(args.json_path).write_text(json.dumps(doc, indent=2, default=str))
+    bad = [t for t in trials if t.get("status") != "ok"]
+    if args.fail_on == "any" and bad or args.fail_on == "all" and len(bad) == len(trials):
+        return 1
+    return 0
+
+
+def _trial(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="kiln-stream-") as tmp:
+        sp, op = Path(tmp) / "spec.json", Path(tmp) / "out.json"
+        sp.write_text(json.dumps(spec))
+        cmd = [sys.executable, "-m", "torchkiln.runner.protocol.stream_trial", str(sp), str(op)]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return {
+                "variant": spec["variant"],
+                "status": "timeout",
+                "error": f"the trial ran past {timeout_s:.0f} s",
+            }
+        if not op.is_file():
+            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            return {
+                "variant": spec["variant"],
+                "status": "crashed",
+                "error": f"exit {proc.returncode}: {tail}",
+            }
+        return json.loads(op.read_text())
+
+
+def _render(doc: dict[str, Any]) -> None:
+    print(f"{doc['workload']} on a stream of {doc['items']} items ({doc['device']})")
+    head = (
+        "variant",
+        "status",
+        "ms/item",
+        "steady",
+        "p99",
+        "speedup",
+        "steady x",
+        "compiles",
+        "fallbacks",
+    )
+    print("  ".join(f"{h:>10}" for h in head))
+    for t in doc["trials"]:
+        if t.get("status") not in ("ok", "incorrect"):
+            print(f"{t['variant']:>10}  {t['status']:>10}  {t.get('error', '')}")
+            continue
+        row = (
+            t["variant"],
+            t["status"],
+            f"{t['time_per_item_s'] * 1e3:.3f}",
+            f"{t['steady_time_per_item_s'] * 1e3:.3f}",
+            f"{t['p99_s'] * 1e3:.3f}",
+            f"{t['speedup']:.2f}x",
+            f"{t['steady_speedup']:.2f}x",
+            str(t["compiles"]),
+            str(t["eager_fallbacks"]),
+        )
+        print("  ".join(f"{c:>10}" for c in row))

@@ -1,0 +1,161 @@
+"""Streams: trace parsing errors case by case, and a replay's compiler counters on a tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from torchkiln.errors import KilnUserError
+from torchkiln.measure.stream_replay import replay
+from torchkiln.workloads.stream import Stream
+
+
+def _make(batch: int, seq: int) -> tuple[torch.Tensor]:
+    return (torch.randn(batch, seq, 8),)
+
+
+def _trace(tmp_path, lines: list[str]):
+    p = tmp_path / "t.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+def test_trace_builds_items_in_order(tmp_path):
+    p = _trace(tmp_path, ['{"batch": 2, "seq": 3}', "", '{"batch": 1, "seq": 5}'])
+    s = Stream.from_trace(p, _make)
+    assert [x[0].shape for x in s] == [(2, 3, 8), (1, 5, 8)]
+    assert s.where(1) == f"{p}:3"
+
+
+@pytest.mark.parametrize(
+    ("lines", "needle"),
+    [
+        (['{"batch": 2, "seq": 3}', '{"batch": 2}'], ":2:"),  # a missing size
+        (['{"batch": 2, "seq": -3}'], ":1: sizes must be positive"),
+        (['{"batch": 2, "seq": 900}'], ":1: seq=900 is beyond what the model accepts"),
+        (["not json"], ":1: not JSON"),
+        (['{"batch": 2, "len": 3}'], ":1: sizes {'batch': 2, 'len': 3} do not fit"),
+        (["", "  "], "is empty"),
+    ],
+)
+def test_trace_errors_name_the_line(tmp_path, lines, needle):
+    p = _trace(tmp_path, lines)
+    with pytest.raises(KilnUserError, match=None) as err:
+        Stream.from_trace(p, _make, limits={"seq": 512})
+    assert needle in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_required_symbol_missing(tmp_path):
+    p = _trace(tmp_path, ['{"batch": 2}'])
+    with pytest.raises(KilnUserError, match=r":1: missing size\(s\) \['seq'\]"):
+        Stream.from_trace(p, lambda batch, seq=4: _make(batch, seq), required=["seq"])
+
+
+def test_empty_stream():
+    with pytest.raises(KilnUserError, match="empty"):
+        Stream.from_items([])
+
+
+def test_input_that_does_not_fit_names_the_item():
+    s = Stream.from_items([(torch.randn(2, 8),), (torch.randn(2, 7),)])
+    m = torch.nn.Linear(8, 4)
+    with pytest.raises(KilnUserError, match="stream item 2: the input does not fit the model"):
+        replay(m, m, s)
+
+
+def test_static_compile_recompiles_per_shape_and_matches_eager():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
+    sizes = [{"batch": 1, "seq": n} for n in (3, 5, 3, 7, 5, 7, 3)]
+    s = Stream.from_sizes(_make, sizes)
+    compiled = torch.compile(m, dynamic=False, backend="eager")
+    r = replay(compiled, m, s, check=lambda a, b: torch.allclose(a, b, atol=1e-5))
+    assert r["distinct_shapes"] == 3
+    # dynamo compiles one graph per distinct static shape: the first plus one recompile each
+    assert r["compiles"] == 3
+    assert r["recompiles"] == 2
+    assert r["eager_fallbacks"] == 0
+    assert r["mismatched_items"] == []
+    assert r["cudagraph_recordings"] in (0, None)  # no CUDA graphs on CPU
+    assert r["items"] == 7
+    assert r["compile_time_s"] is None or r["compile_time_s"] > 0
+
+
+def _kiln(*argv: str):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    return subprocess.run(
+        [sys.executable, "-m", "torchkiln.cli", *argv], capture_output=True, text=True, env=env
+    )
+
+
+def test_bench_stream_end_to_end(tmp_path):
+    trace = _trace(tmp_path, ['{"batch": 2, "side": 24}', '{"batch": 1, "side": 32}'])
+    out = tmp_path / "run"
+    common = ("bench", "simple", "--preset", "tiny", "--device", "cpu", "--variants", "eager")
+    r = _kiln(*common, "--stream", str(trace), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    doc = json.loads((out / "stream.json").read_text())
+    (t,) = doc["trials"]
+    assert t["status"] == "ok" and t["items"] == 2 and t["distinct_shapes"] == 2
+    assert t["mismatched_items"] == []
+    # a bad trace: exit 2, one line naming the line, the earlier run's results untouched
+    before = (out / "stream.json").read_text()
+    bad = _trace(tmp_path, ['{"batch": 2, "side": 24}', '{"batch": 0, "side": 24}'])
+    r = _kiln(*common, "--stream", str(bad), "--out", str(out))
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and f"{bad}:2:" in r.stderr
+    assert (out / "stream.json").read_text() == before
+
+
+FACTORY = """
+import torch
+from torchkiln import Workload
+
+
+def make():
+    return Workload(
+        model=torch.nn.Linear(8, 4),
+        example_inputs=(torch.randn(2, 8),),
+        make_inputs=lambda batch, feat: (torch.randn(batch, feat),),
+    )
+"""
+
+
+def test_bench_stream_input_the_model_refuses(tmp_path):
+    # the maker accepts any feature size; the model takes 8 features only
+    (tmp_path / "tiny_linear.py").write_text(FACTORY)
+    trace = _trace(tmp_path, ['{"batch": 1, "feat": 8}', '{"batch": 2, "feat": 5}'])
+    r = _kiln(
+        "bench",
+        f"{tmp_path / 'tiny_linear.py'}:make",
+        "--device",
+        "cpu",
+        "--variants",
+        "eager",
+        "--stream",
+        str(trace),
+        "--out",
+        str(tmp_path / "run"),
+    )
+    assert r.returncode == 2, r.stderr
+    assert f"{trace}:2: the input does not fit the model" in r.stderr
+    assert r.stderr.strip().count("\n") == 0
+    assert not (tmp_path / "run").exists()
+
+
+def test_simple_default_stream_mixes_three_resolutions():
+    from torchkiln.workloads.loader import load_workload
+    from torchkiln.workloads.stream import workload_stream
+
+    s = workload_stream(load_workload("simple", preset="tiny"), length=30)
+    assert len(s) == 30
+    assert {x[0].shape[-1] for x in s} == {24, 32, 40}
