@@ -179,3 +179,24 @@ def test_processes_sharing_a_host_take_turns_through_kiln_host_turns(tmp_path, m
     fd = os.open(turns, os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the turn ended with the subprocess
     os.close(fd)
+
+
+def test_a_phase_hands_its_turn_on_only_once_its_gpu_work_is_done(monkeypatch):
+    # Trials sharing one GPU: kernels a phase queued must not run beside a neighbour's reps.
+    from torchkiln.runner.protocol import worker
+
+    calls: list[str] = []
+
+    class Lock:
+        def enter(self, phase: str) -> float:
+            calls.append(f"enter {phase}")
+            return 0.0
+
+    monkeypatch.setattr(worker, "device_idle", lambda: calls.append("idle"))
+    phases = worker.Phases(None, lock=Lock())
+    phases("warmup")
+    phases("measure")
+    assert calls == ["idle", "enter warmup", "idle", "enter measure"]
+    calls.clear()
+    worker.Phases(None)("measure")  # a trial alone takes no turns and waits for nothing
+    assert calls == []

@@ -35,6 +35,13 @@ def partial_path(result_path: str | Path) -> Path:
     return p.with_name(p.name.replace("-result.json", "-partial.json"))
 
 
+def device_idle() -> None:
+    """Wait for this process's queued GPU work, if it has started CUDA (never starts it)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 class Phases:
     """Writes the current phase to a file the parent polls (for progress and for saying where a
     timeout or crash happened), and, with `partial`, what the trial measured before its
@@ -56,6 +63,9 @@ class Phases:
         if self.lock is not None:
             if self.path:
                 Path(self.path).write_text(f"{name}{WAITING_SUFFIX}")
+            # Trials sharing one GPU: a phase's kernels may still be queued when its turn ends,
+            # and would run beside a neighbour's timed reps. The phase ends when they have.
+            device_idle()
             waited = self.lock.enter(name)
             self.seconds["host_wait"] = self.seconds.get("host_wait", 0.0) + waited
             now = time.perf_counter()
