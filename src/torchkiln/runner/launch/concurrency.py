@@ -64,10 +64,10 @@ def search_slots(
     ``gpus`` are the visible GPUs, ``eager`` the eager trial's result (its environment and peak
     memory size the default), ``requested`` the user's count (``--compile-workers``, else
     KILN_COMPILE_WORKERS)."""
-    if not device.startswith("cuda"):
-        return [None], "1 at once: on the CPU the compiler and the timed steps share the cores"
     if len(gpus) > 1:
         return list(gpus), f"{len(gpus)} at once, one per visible GPU"
+    if not device.startswith("cuda"):
+        return [None], "1 at once: on the CPU the compiler and the timed steps share the cores"
     if requested is None and os.environ.get(COMPILE_WORKERS_ENV):
         requested = parse_workers(os.environ[COMPILE_WORKERS_ENV], COMPILE_WORKERS_ENV)
     if requested is not None:
