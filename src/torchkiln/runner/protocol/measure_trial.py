@@ -90,7 +90,7 @@ def reference_variant(variant: Variant) -> Variant:
 
 
 def reference_tensors(
-    spec: TrialSpec, variant: Variant, dropout: bool, phases, store: FixedStore
+    spec: TrialSpec, variant: Variant, dropout: bool, phases, store: FixedStore | None = None
 ) -> list:
     """What the variant's first call is judged against: eager at its precision, then fp64 (the
     same for every variant of the workload: computed once per run directory, runner.store.fixed)."""
@@ -103,6 +103,7 @@ def reference_tensors(
         return tensors
 
     same_precision = first_call(reference_variant(variant), False)
+    store = store or FixedStore(None, None)  # no store: computed here
     fp64 = store.get_or_compute(
         "fp64_reference", {"no_dropout": dropout}, lambda: first_call(parse_variant("eager"), True)
     )
@@ -163,13 +164,18 @@ def count_reference_flops(spec: TrialSpec, variant: Variant) -> int:
 
 
 def flops_and_peak(
-    spec: TrialSpec, variant: Variant, result: dict[str, Any], phases, store: FixedStore
+    spec: TrialSpec,
+    variant: Variant,
+    result: dict[str, Any],
+    phases,
+    store: FixedStore | None = None,
 ) -> None:
     """FLOPs of the math (counted on eager at the variant's precision and layout, the same for
     every variant that shares them: counted once per run directory) and % of peak; the
     achieved rate needs result["steady_ms"]."""
     phases("flops")
     ref = reference_variant(variant)
+    store = store or FixedStore(None, None)  # no store: counted here
     result["flops_per_step"] = store.get_or_compute(
         "flops",
         {"precision": ref.precision, "channels_last": ref.channels_last},
