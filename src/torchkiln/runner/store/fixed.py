@@ -7,7 +7,7 @@ model (a remedied arm's rewritten copy is loaded with the original's weights and
 its reference is the same), and the FLOPs are counted on eager at the variant's precision and
 layout. A stored value is keyed by everything that decides it: the workload (its spec, preset,
 batch size, step, seed, and the contents of its source file), a digest of the example inputs,
-the device and its name, the thread count, kiln and torch versions and the environment
+the device and its name, the host, the thread count, kiln and torch versions and the environment
 variables that change what torch computes. Any difference, a file that cannot be read, or a
 file whose own key differs from the trial's, and the value is computed again (the trial's
 ``notes`` say why for the last two). A workload whose code kiln cannot find, and an in-memory
@@ -20,12 +20,13 @@ import hashlib
 import json
 import os
 import pickle
+import platform
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from torchkiln.runner.protocol.trial import TrialSpec
-from torchkiln.runner.store.reuse import UNKNOWN, _installed, _settings, workload_digest
+from torchkiln.runner.store.reuse import UNKNOWN, _installed, settings_env, workload_digest
 
 FIXED_DIR = "fixed"
 # Set per trial by the launcher (its compile cache, its lock, its GPU pin, its clock); none of
@@ -76,7 +77,7 @@ def workload_key(spec: TrialSpec, device_name: str | None, inputs: Any) -> dict[
     source = workload_digest(spec.workload)
     if source == UNKNOWN:
         return None
-    env = {k: v for k, v in _settings().items() if k not in PER_TRIAL_ENV}
+    env = {k: v for k, v in settings_env().items() if k not in PER_TRIAL_ENV}
     return {
         "workload": spec.workload,
         "workload_file": source,
@@ -87,6 +88,7 @@ def workload_key(spec: TrialSpec, device_name: str | None, inputs: Any) -> dict[
         "inputs": inputs_digest(inputs),
         "device": spec.device,
         "device_name": device_name,
+        "host": platform.node(),
         "threads": torch.get_num_threads(),
         "cudnn_benchmark": spec.cudnn_benchmark,
         "torch_version": str(torch.__version__),
