@@ -9,6 +9,7 @@ PyTorch with its baseline) is measured by it instead."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from torchkiln.measure import correctness as corr
@@ -24,6 +25,7 @@ from torchkiln.runner.protocol.executable import Arm, build_arm
 from torchkiln.runner.protocol.replicas import build_order, replicas_record, replicated_speedup
 from torchkiln.runner.protocol.settings import active_dropout
 from torchkiln.runner.protocol.trial import TrialSpec
+from torchkiln.runner.store.fixed import FixedStore, workload_key
 from torchkiln.variants import Variant, parse_variant
 
 
@@ -87,18 +89,25 @@ def reference_variant(variant: Variant) -> Variant:
     )
 
 
-def reference_tensors(spec: TrialSpec, variant: Variant, dropout: bool, phases) -> list:
-    """What the variant's first call is judged against: eager at its precision, then fp64."""
+def reference_tensors(
+    spec: TrialSpec, variant: Variant, dropout: bool, phases, store: FixedStore | None = None
+) -> list:
+    """What the variant's first call is judged against: eager at its precision, then fp64 (the
+    same for every variant of the workload: computed once per run directory, runner.store.fixed)."""
     phases("correctness")
     timer = StepTimer(spec.device)
-    results = []
-    for kind in ("eager_same_precision", "fp64"):
-        ref_variant = reference_variant(variant) if kind != "fp64" else parse_variant("eager")
-        arm = build_arm(spec, ref_variant, fp64=kind == "fp64", no_dropout=dropout)
+
+    def first_call(ref_variant: Variant, fp64: bool) -> list:
+        arm = build_arm(spec, ref_variant, fp64=fp64, no_dropout=dropout)
         _, tensors = capture(arm, timer, snapshot(arm))
-        results.append(tensors)
-        del arm
-    return results
+        return tensors
+
+    same_precision = first_call(reference_variant(variant), False)
+    store = store or FixedStore(None, None)  # no store: computed here
+    fp64 = store.get_or_compute(
+        "fp64_reference", {"no_dropout": dropout}, lambda: first_call(parse_variant("eager"), True)
+    )
+    return [same_precision, fp64]
 
 
 def no_dropout_first(spec: TrialSpec, variant: Variant, phases) -> list:
@@ -122,11 +131,11 @@ def judge(variant: Variant, first: list, refs: list, note: str) -> dict[str, Any
 
 
 def check_correctness(
-    spec: TrialSpec, variant: Variant, first: list, dropout: bool, phases
+    spec: TrialSpec, variant: Variant, first: list, dropout: bool, phases, store: FixedStore
 ) -> dict[str, Any]:
     if dropout:
         first = no_dropout_first(spec, variant, phases)
-    refs = reference_tensors(spec, variant, dropout, phases)
+    refs = reference_tensors(spec, variant, dropout, phases, store)
     return judge(variant, first, refs, DROPOUT_NOTE if dropout else "")
 
 
@@ -148,15 +157,30 @@ def apply_correctness(
     return False
 
 
-def flops_and_peak(spec: TrialSpec, variant: Variant, result: dict[str, Any], phases) -> None:
-    """FLOPs of the math (counted on eager, the same for every variant) and % of peak; the
-    achieved rate needs result["steady_ms"]."""
-    phases("flops")
+def count_reference_flops(spec: TrialSpec, variant: Variant) -> int:
     flop_arm = build_arm(spec, reference_variant(variant))
     flop_arm.step()  # a first step outside the counter: lazy init must not be counted
-    flops = count_flops(flop_arm.step)
-    del flop_arm
-    result["flops_per_step"] = flops
+    return count_flops(flop_arm.step)
+
+
+def flops_and_peak(
+    spec: TrialSpec,
+    variant: Variant,
+    result: dict[str, Any],
+    phases,
+    store: FixedStore | None = None,
+) -> None:
+    """FLOPs of the math (counted on eager at the variant's precision and layout, the same for
+    every variant that shares them: counted once per run directory) and % of peak; the
+    achieved rate needs result["steady_ms"]."""
+    phases("flops")
+    ref = reference_variant(variant)
+    store = store or FixedStore(None, None)  # no store: counted here
+    result["flops_per_step"] = store.get_or_compute(
+        "flops",
+        {"precision": ref.precision, "channels_last": ref.channels_last},
+        lambda: count_reference_flops(spec, variant),
+    )
     gpu = result["environment"].get("gpu") or {}
     peak, source = peak_tflops(gpu.get("name"), variant.precision)
     result["peak_tflops"] = peak
@@ -353,7 +377,21 @@ def measure_replicated(
     return arms["V"][0], first_outputs, arms["B"] + arms["V"][1:]
 
 
-def measure_trial(spec: TrialSpec, result: dict[str, Any], phases) -> None:
+def fixed_store(
+    fixed_dir: Path | None, spec: TrialSpec, result: dict[str, Any], arm: Arm
+) -> FixedStore:
+    """Where this trial finds and leaves its workload's fixed costs (runner.store.fixed)."""
+    if fixed_dir is None:
+        return FixedStore(None, None)
+    gpu = result["environment"].get("gpu") or {}
+    return FixedStore(fixed_dir, workload_key(spec, gpu.get("name"), arm.workload.example_inputs))
+
+
+def measure_trial(
+    spec: TrialSpec, result: dict[str, Any], phases, fixed_dir: Path | None = None
+) -> None:
+    """``fixed_dir``: the run directory's store of fixed costs (runner.store.fixed); None
+    computes them all in this trial."""
     import torch
 
     variant = parse_variant(spec.variant)
@@ -390,6 +428,7 @@ def measure_trial(spec: TrialSpec, result: dict[str, Any], phases) -> None:
     measure = measure_replicated if spec.replicas > 1 else measure_single
     arm, first_outputs, bases = measure(spec, variant, baseline, timer, result, phases)
     dropout = spec.step == "train" and active_dropout(arm.model)
+    store = fixed_store(fixed_dir, spec, result, arm)
 
     # 4. Kernels per step (profiler; CUDA only).
     if spec.count_kernels:
@@ -403,15 +442,18 @@ def measure_trial(spec: TrialSpec, result: dict[str, Any], phases) -> None:
         torch.cuda.empty_cache()
 
     # 5. FLOPs of the math (counted on eager, the same for every variant) and % of peak.
-    flops_and_peak(spec, variant, result, phases)
+    flops_and_peak(spec, variant, result, phases, store)
+    result["fixed_costs"] = store.record()
 
     # 6. Correctness against eager at the same precision and an fp64 reference. A trial stopped
     # during it (its second compile can be the slowest phase) still reports what it measured.
     phases.save_partial(result)
     report = (
-        check_correctness(spec, variant, first_outputs, dropout, phases)
+        check_correctness(spec, variant, first_outputs, dropout, phases, store)
         if spec.check_accuracy
         else None
     )
+    result["fixed_costs"] = store.record()
+    result["notes"].extend(store.notes)
     if apply_correctness(result, report, spec.extra.get("unchecked_because", "--no-check")):
         result["status"] = "ok"

@@ -169,6 +169,7 @@ def main(argv: list[str]) -> int:
         write_json(result_path, preflight(spec))
         return 0
     from torchkiln.runner.protocol.measure_trial import measure_trial
+    from torchkiln.runner.store.fixed import fixed_dir_for
 
     # From the launch to here (the interpreter and kiln's imports), less the wait for the host;
     # the trial's "start" phase (torch's import) is added below.
@@ -180,7 +181,7 @@ def main(argv: list[str]) -> int:
     t0 = time.perf_counter()
     result: dict[str, Any] = base_result(spec)
     try:
-        measure_trial(spec, result, phases)
+        measure_trial(spec, result, phases, fixed_dir_for(Path(result_path).parent))
     except Exception as exc:  # noqa: BLE001  (every failure becomes a reported status)
         result["failed_phase"] = phases.current
         result["status"] = classify_error(exc, phases.current)

@@ -75,7 +75,8 @@ SETTING_PREFIXES = ("TORCHINDUCTOR_", "TORCH_", "TRITON_", "OMP_", "MKL_", "CUDA
 NOT_SETTINGS = ("KILN_GIT_SHA", "KILN_INMEMORY_PATH", "KILN_HISTORY")
 
 
-def _settings() -> dict[str, str]:
+def settings_env() -> dict[str, str]:
+    """The environment variables (SETTING_PREFIXES, less NOT_SETTINGS) set in this process."""
     return {
         k: v
         for k, v in sorted(os.environ.items())
@@ -89,7 +90,7 @@ def fingerprint(spec: TrialSpec) -> dict[str, Any]:
         "spec": asdict(spec),
         **_installed(),
         "host": platform.node(),
-        "env": _settings(),
+        "env": settings_env(),
         "workload_file": workload_digest(spec.workload),
     }
 

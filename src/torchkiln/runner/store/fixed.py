@@ -1,0 +1,180 @@
+"""Fixed costs of a tune, paid once per workload: the fp64 reference outputs of the correctness
+check and the FLOP count, kept under ``<run dir>/fixed/`` by the first trial that computes them
+and read by the later trials of the same run directory.
+
+Neither depends on the variant: the fp64 reference is plain eager in fp64 on the unmodified
+model (a remedied arm's rewritten copy is loaded with the original's weights and inputs, so
+its reference is the same), and the FLOPs are counted on eager at the variant's precision and
+layout. A stored value is keyed by everything that decides it: the workload (its spec, preset,
+batch size, step, seed, and the contents of its source file), a digest of the example inputs,
+the device and its name, the host, the thread count, kiln and torch versions and the environment
+variables that change what torch computes. Any difference, a file that cannot be read, or a
+file whose own key differs from the trial's, and the value is computed again (the trial's
+``notes`` say why for the last two). A workload whose code kiln cannot find, and an in-memory
+model (its bytes are not part of the key), never share.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import platform
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from torchkiln.runner.protocol.trial import TrialSpec
+from torchkiln.runner.store.reuse import UNKNOWN, _installed, settings_env, workload_digest
+
+FIXED_DIR = "fixed"
+# Set per trial by the launcher (its compile cache, its lock, its GPU pin, its clock); none of
+# them changes what eager computes, and keying by them would keep every trial apart.
+PER_TRIAL_ENV = (
+    "KILN_LAUNCHED_AT",
+    "KILN_HOST_LOCK",
+    "KILN_HOST_TURNS",
+    "KILN_LAUNCHER_PID",
+    "KILN_COMPILE_WORKERS",
+    "KILN_WARM_START",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "TRITON_CACHE_DIR",
+    "CUDA_VISIBLE_DEVICES",
+)
+IN_MEMORY_SPEC = "torchkiln.tune.inmemory:load"
+
+
+def fixed_dir_for(trial_dir: str | Path) -> Path | None:
+    """``<run dir>/fixed`` for a trial kept in ``<run dir>/trials/<id>``; None for a trial
+    directory outside a run directory (nothing to share with)."""
+    trial_dir = Path(trial_dir)
+    if trial_dir.parent.name != "trials":
+        return None
+    return trial_dir.parent.parent / FIXED_DIR
+
+
+def inputs_digest(inputs: Any) -> str:
+    """sha256 over the example inputs' dtypes, shapes and bytes (in their nesting order)."""
+    import torch
+
+    from torchkiln.measure.correctness import flatten_tensors
+
+    h = hashlib.sha256()
+    for name, t in flatten_tensors(inputs, "in"):
+        t = t.detach().to("cpu").contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def workload_key(spec: TrialSpec, device_name: str | None, inputs: Any) -> dict[str, Any] | None:
+    """What every fixed cost of ``spec``'s workload depends on; None where sharing is unsafe."""
+    import torch
+
+    if spec.workload == IN_MEMORY_SPEC:
+        return None
+    source = workload_digest(spec.workload)
+    if source == UNKNOWN:
+        return None
+    env = {k: v for k, v in settings_env().items() if k not in PER_TRIAL_ENV}
+    return {
+        "workload": spec.workload,
+        "workload_file": source,
+        "preset": spec.preset,
+        "batch_size": spec.batch_size,
+        "step": spec.step,
+        "seed": spec.seed,
+        "inputs": inputs_digest(inputs),
+        "device": spec.device,
+        "device_name": device_name,
+        "host": platform.node(),
+        "threads": torch.get_num_threads(),
+        "cudnn_benchmark": spec.cudnn_benchmark,
+        "torch_version": str(torch.__version__),
+        **_installed(),
+        "env": env,
+    }
+
+
+def _file_name(name: str, extra: dict[str, Any]) -> str:
+    """One file per value: ``flops-bf16-channels_last=True.pt``, say."""
+    parts = [name] + [f"{k}={v}" for k, v in sorted(extra.items())]
+    return "-".join(parts).replace("/", "_")
+
+
+class FixedStore:
+    """One trial's view of the run directory's fixed costs; ``record()`` is what it reused and
+    what it computed (and stored), by name."""
+
+    def __init__(self, root: Path | None, key: dict[str, Any] | None) -> None:
+        # Plain JSON values: what torch.load(weights_only=True) reads back, compared as equal.
+        self.key = json.loads(json.dumps(key, sort_keys=True)) if key is not None else None
+        self.dir = None
+        if root is not None and key is not None:
+            digest = hashlib.sha256(json.dumps(self.key, sort_keys=True).encode()).hexdigest()
+            self.dir = Path(root) / digest[:16]
+        self.reused: list[str] = []
+        self.computed: list[str] = []
+        self.notes: list[str] = []
+
+    @property
+    def shared(self) -> bool:
+        return self.dir is not None
+
+    def get_or_compute(self, name: str, extra: dict[str, Any], compute: Callable[[], Any]) -> Any:
+        """The value stored as ``name`` for this key plus ``extra`` (what else it depends on:
+        the precision, dropout), else ``compute()``'s, stored for the next trial."""
+        key = {**(self.key or {}), **extra}
+        if self.dir is not None:
+            found = self._load(_file_name(name, extra), key)
+            if found is not None:
+                self.reused.append(name)
+                return found[0]
+        value = compute()
+        self.computed.append(name)
+        if self.dir is not None:
+            self._save(_file_name(name, extra), key, value)
+        return value
+
+    def _path(self, name: str) -> Path:
+        assert self.dir is not None
+        return self.dir / f"{name}.pt"
+
+    def _load(self, name: str, key: dict[str, Any]) -> tuple[Any] | None:
+        import torch
+
+        path = self._path(name)
+        if not path.exists():
+            return None
+        try:
+            data = torch.load(path, map_location="cpu", weights_only=True)
+            if not isinstance(data, dict) or "key" not in data or "value" not in data:
+                raise ValueError("not a stored fixed cost (no key or value)")
+        except (
+            OSError,
+            RuntimeError,
+            ValueError,
+            EOFError,
+            TypeError,
+            pickle.UnpicklingError,
+        ) as exc:
+            self.notes.append(f"the stored {name} ({path}) was unreadable ({exc}); recomputed")
+            return None
+        if data["key"] != key:
+            self.notes.append(f"the stored {name} ({path}) was made for another key; recomputed")
+            return None
+        return (data["value"],)
+
+    def _save(self, name: str, key: dict[str, Any], value: Any) -> None:
+        import torch
+
+        path = self._path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Whole or not at all: trials in flight together may read it while it is written.
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        torch.save({"key": key, "value": value}, tmp)
+        os.replace(tmp, path)
+
+    def record(self) -> dict[str, list[str]]:
+        return {"reused": list(self.reused), "computed": list(self.computed)}
