@@ -309,6 +309,9 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
         "turns (default: from the host's cores and memory and the GPU's, at most 4; "
         "KILN_COMPILE_WORKERS; 1 on the CPU)",
     )
+    from torchkiln.cli_stream import add_stream_options
+
+    add_stream_options(p)  # tune on a stream of varying shapes (docs/streams.md)
     _add_history_options(p)
     p.add_argument(
         "--ship",
@@ -451,6 +454,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         history=_history_of(args),
         fix=args.fix,
         compile_workers=args.compile_workers,
+        stream=args.stream,
+        stream_len=args.stream_len,
     )
     progress.flush()  # deferrals after the last stage
     from torchkiln.repair.report import console_lines

@@ -37,6 +37,18 @@ def _raise_recompile_limit(n: int) -> None:
     setattr(cfg, name, max(n, int(getattr(cfg, name))))
 
 
+def _varying_dims(stream: Any) -> list[list[Any]] | None:
+    """[input, dim, size name] per input dim that follows a varying size (None when the stream
+    has no sizes): a list, as JSON keeps no integer keys, for the recommendation's code."""
+    from torchkiln.measure.stream_buckets import dynamic_dims
+
+    try:
+        dims = dynamic_dims(stream)
+    except KilnUserError:
+        return None
+    return [[k, d, n] for k, ds in dims.items() for d, n in ds.items()]
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     import copy
     import time
@@ -120,9 +132,13 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     out.update(setup)
     if bucketed is not None:
         # requests no bucket covered ran eagerly: BucketedModule counts them, dynamo does not
-        out["eager_fallbacks"] = bucketed.stats()["eager_fallbacks"]
+        stats = bucketed.stats()
+        out["eager_fallbacks"] = stats["eager_fallbacks"]
+        out["recompiles_after_warmup"] = stats["recompiles_after_warmup"]
+        out["padding_waste"] = stats["padding_waste"]
         bucketed.close()
     out["recompile_limit"] = cand.recompile_limit
+    out["varying_dims"] = _varying_dims(stream)
     # what the stream cost the candidate in all, a bucketed one's warm-up included
     out["total_s"] = out["time_per_item_s"] * out["items"] + setup.get("warmup_s", 0.0)
     out["status"] = "ok" if not out["mismatched_items"] else "incorrect"
