@@ -209,7 +209,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     _check_device(device)
     variants = split_variants(args.variants) if args.variants else default_variants(device)
     for spec in [*variants, args.baseline]:  # a bad spec is reported before any progress bar
-        parse_variant(spec)
+        if wants_stream(args):
+            from torchkiln.tune.stream_plan import parse_stream_candidate
+
+            parse_stream_candidate(spec)  # a stream takes +bucket= and +recompile_limit= too
+        else:
+            parse_variant(spec)
     check_inputs(args, dirs=("out", "cache_dir"), files=("json_path",))
     args.run_dir = args.resume or args.out or default_run_dir(args.workload, args.step)
     if wants_stream(args):
