@@ -149,3 +149,28 @@ def test_code_for_a_bucketed_and_a_dynamic_pick():
     assert "torch._dynamo.mark_dynamic(args[0], 1)  # seq" in code
     code = stream_code("inductor:dynamic=false+recompile_limit=64", metrics, "cpu")
     assert "setattr(torch._dynamo.config, limit, 64)" in code
+
+
+def test_explain_on_a_stream_names_the_guard_dim_count_and_limit(tiny, tmp_path):
+    factory, trace = tiny
+    out = tmp_path / "ex.json"
+    p = _kiln("explain", factory, "--device", "cpu", "--stream", str(trace), "--variant",
+              "inductor:dynamic=false", "--recompile-limit", "2", "--json", str(out))  # fmt: skip
+    assert p.returncode == 0, p.stderr[-2000:]
+    rec = json.loads(out.read_text())["recompiles"]
+    assert rec["source"].startswith("the stream")
+    assert rec["recompilations"][0]["trigger"].endswith("t.jsonl:2")  # seq 5 -> 9
+    (g,) = rec["by_guard"]
+    assert (g["input"], g["dim"]) == ("x", 1)
+    # seq 9 recompiled; seq 16 found the limit of 2 graphs reached and ran in eager
+    assert g["count"] == 2 and g["fell_back_to_eager"] == 1
+    assert rec["limit_hit"] is True
+    assert "x dim 1 changed 2x" in p.stdout
+
+
+def test_explain_on_a_bad_stream_is_one_line_exit_2(tiny):
+    factory, trace = tiny
+    trace.write_text('{"batch": 2, "seq": 5}\n{"batch": 2, "seq": 0}\n')
+    p = _kiln("explain", factory, "--device", "cpu", "--stream", str(trace))
+    assert p.returncode == 2 and "t.jsonl:2" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
