@@ -174,3 +174,32 @@ def test_explain_on_a_bad_stream_is_one_line_exit_2(tiny):
     p = _kiln("explain", factory, "--device", "cpu", "--stream", str(trace))
     assert p.returncode == 2 and "t.jsonl:2" in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def _stream_trial(variant: str, total: float, eager_total: float, status: str = "ok"):
+    return {
+        "variant": variant,
+        "status": status,
+        "reason": "" if status == "ok" else "items [1] differ from eager",
+        "stream": {"total_s": total, "eager_total_s": eager_total, "compiles": 2,
+                   "distinct_shapes": 3, "recompiles": 1, "eager_fallbacks": 0,
+                   "steady_speedup": 2.0},
+    }  # fmt: skip
+
+
+def test_selection_on_a_stream_is_the_fastest_correct_over_the_whole_stream():
+    from torchkiln.tune.stream_search import _select, _why
+
+    trials = [
+        _stream_trial("inductor:dynamic=true", 2.0, 4.0),
+        _stream_trial("inductor:dynamic=false+bucket=pow2", 1.0, 4.2),
+        _stream_trial("inductor", 0.5, 4.0, status="incorrect"),  # faster, but wrong
+    ]
+    sel = _select(trials)
+    assert sel["best"] == "inductor:dynamic=false+bucket=pow2"
+    assert sel["ranking"] == [sel["best"], "inductor:dynamic=true", "eager"]
+    assert sel["total_s"]["eager"] == 4.1  # the median of eager's paired replays
+    assert "inductor" in sel["rejected"]
+    assert "3 shapes" in _why(trials[1], sel)[1]
+    slow = _select([_stream_trial("inductor", 5.0, 4.0)])
+    assert slow["best"] == "eager" and "no candidate was faster" in slow["reason"]

@@ -127,7 +127,7 @@ def tune_stream(
     events: Any = None,
 ) -> dict[str, Any]:
     """Measure the shape candidates on the stream within the budget; write results.json and
-    report.md into ``out``."""
+    report.md and report.html into ``out``."""
     t0 = time.monotonic()
     left = lambda: budget_s - (time.monotonic() - t0)  # noqa: E731
     if step != "infer":
@@ -200,7 +200,7 @@ def tune_stream(
         else {
             "variant": best["variant"],
             "code": recommend.stream_code(best["variant"], best["stream"], device),
-            "why": [selection["reason"]],
+            "why": _why(best, selection),
         },
         "trials": trials,
         "head_to_head_trials": [],
@@ -209,12 +209,38 @@ def tune_stream(
     doc["time_spent"] = time_spent(doc, {"search": doc["wall_s"]})
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "results.json", doc)
-    md = _report_md(doc)
-    (out / "report.md").write_text(md)
-    (out / "report.html").write_text(
-        f"<!doctype html><meta charset=utf-8><pre>{escape(md)}</pre>\n"
-    )
+    write_stream_reports(doc, out)
     return doc
+
+
+def write_stream_reports(doc: dict[str, Any], out: str | Path) -> None:
+    """report.md and report.html (the same text) of a tune on a stream."""
+    md = _report_md(doc)
+    (Path(out) / "report.md").write_text(md)
+    page = f"<!doctype html><meta charset=utf-8><pre>{escape(md)}</pre>\n"
+    (Path(out) / "report.html").write_text(page)
+
+
+def _why(best: dict[str, Any], selection: dict[str, Any]) -> list[str]:
+    """The pick's reason, then what the stream cost it in compiles (from dynamo's counters)."""
+    why = [selection["reason"]]
+    s = best.get("stream") or {}
+    if s.get("buckets"):
+        why.append(
+            f"{s.get('warmup_compiles')} graphs compiled in warm-up for buckets {s['buckets']}, "
+            f"{s.get('compiles')} during the stream, {s.get('eager_fallbacks')} items run eagerly"
+        )
+    elif s:
+        why.append(
+            f"{s.get('compiles')} graphs compiled over the stream's {s.get('distinct_shapes')} "
+            f"shapes ({s.get('recompiles')} recompiles), {s.get('eager_fallbacks')} eager "
+            f"fallbacks; after warm-up {s.get('steady_speedup', 0):.2f}x eager"
+        )
+    return why
+
+
+def _num(x: Any) -> str:
+    return "" if x is None else f"{x:.4g}"
 
 
 def _report_md(doc: dict[str, Any]) -> str:
@@ -230,8 +256,8 @@ def _report_md(doc: dict[str, Any]) -> str:
     for t in doc["trials"]:
         s = t["stream"] or {}
         lines.append(
-            f"| `{t['variant']}` | {t['status']} | {s.get('total_s', '')} | "
-            f"{s.get('eager_total_s', '')} | {s.get('steady_speedup', '')} | "
+            f"| `{t['variant']}` | {t['status']} | {_num(s.get('total_s'))} | "
+            f"{_num(s.get('eager_total_s'))} | {_num(s.get('steady_speedup'))} | "
             f"{s.get('compiles', '')} | {s.get('recompiles', '')} |"
         )
     if doc["recommendation"]:
