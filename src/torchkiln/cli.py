@@ -439,6 +439,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from torchkiln.repair.plan import check_mode
 
     check_mode(args.fix)
+    if (args.stream or args.stream_len) and args.ship:
+        raise KilnUserError("--ship takes a fixed-input tune; a tune on a stream prints its code")
     out = args.out or f"kiln-runs/tune-{args.workload.replace('/', '_')}-{args.step}"
     check_inputs(args, dirs=("out",))
     args.run_dir = out

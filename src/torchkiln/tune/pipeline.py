@@ -219,6 +219,12 @@ def tune(
     if stream is not None or stream_len is not None:
         from torchkiln.tune.stream_search import tune_stream
 
+        if steps is not None:
+            raise KilnUserError(
+                "--steps does not apply to a tune on a stream: the pick is the fastest over the "
+                "whole stream, compiles included"
+            )
+
         return tune_stream(
             workload,
             device=device,
