@@ -203,3 +203,13 @@ def test_selection_on_a_stream_is_the_fastest_correct_over_the_whole_stream():
     assert "3 shapes" in _why(trials[1], sel)[1]
     slow = _select([_stream_trial("inductor", 5.0, 4.0)])
     assert slow["best"] == "eager" and "no candidate was faster" in slow["reason"]
+
+
+def test_the_api_takes_a_stream_with_a_workload_spec_only(tmp_path):
+    import torch
+
+    import torchkiln
+
+    with pytest.raises(KilnUserError, match="a stream tune takes a workload spec"):
+        torchkiln.tune(torch.nn.Linear(2, 2), (torch.randn(1, 2),), device="cpu",
+                       stream_len=5, out=tmp_path / "t")  # fmt: skip
