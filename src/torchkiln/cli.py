@@ -209,7 +209,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     _check_device(device)
     variants = split_variants(args.variants) if args.variants else default_variants(device)
     for spec in [*variants, args.baseline]:  # a bad spec is reported before any progress bar
-        parse_variant(spec)
+        if wants_stream(args):
+            from torchkiln.tune.stream_plan import parse_stream_candidate
+
+            parse_stream_candidate(spec)  # a stream takes +bucket= and +recompile_limit= too
+        else:
+            parse_variant(spec)
     check_inputs(args, dirs=("out", "cache_dir"), files=("json_path",))
     args.run_dir = args.resume or args.out or default_run_dir(args.workload, args.step)
     if wants_stream(args):
@@ -309,6 +314,9 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
         "turns (default: from the host's cores and memory and the GPU's, at most 4; "
         "KILN_COMPILE_WORKERS; 1 on the CPU)",
     )
+    from torchkiln.cli_stream import add_stream_options
+
+    add_stream_options(p)  # tune on a stream of varying shapes (docs/streams.md)
     _add_history_options(p)
     p.add_argument(
         "--ship",
@@ -431,6 +439,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from torchkiln.repair.plan import check_mode
 
     check_mode(args.fix)
+    if (args.stream or args.stream_len) and args.ship:
+        raise KilnUserError("--ship takes a fixed-input tune; a tune on a stream prints its code")
     out = args.out or f"kiln-runs/tune-{args.workload.replace('/', '_')}-{args.step}"
     check_inputs(args, dirs=("out",))
     args.run_dir = out
@@ -451,6 +461,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         history=_history_of(args),
         fix=args.fix,
         compile_workers=args.compile_workers,
+        stream=args.stream,
+        stream_len=args.stream_len,
     )
     progress.flush()  # deferrals after the last stage
     from torchkiln.repair.report import console_lines

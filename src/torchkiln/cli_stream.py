@@ -56,7 +56,7 @@ def cmd_bench_stream(args: argparse.Namespace, device: str, variants: list[str])
         "stream": str(Path(args.stream).resolve()) if args.stream else None,
         "stream_len": args.stream_len,
     }
-    trials = [_trial({**spec, "variant": v}, args.timeout) for v in variants]
+    trials = [run_stream_trial({**spec, "variant": v}, args.timeout) for v in variants]
     errors = {t.get("error") for t in trials if t.get("status") == "error"}
     if len(errors) == 1 and all(t.get("status") == "error" for t in trials):
         # the same refusal in every trial is the stream's fault (an input the model does not
@@ -85,7 +85,7 @@ def cmd_bench_stream(args: argparse.Namespace, device: str, variants: list[str])
     return 0
 
 
-def _trial(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+def run_stream_trial(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="kiln-stream-") as tmp:
         sp, op = Path(tmp) / "spec.json", Path(tmp) / "out.json"
         sp.write_text(json.dumps(spec))

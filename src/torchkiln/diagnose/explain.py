@@ -85,8 +85,14 @@ def explain(
     device: str | None = None,
     trace_dir: str | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
+    stream: str | None = None,
+    stream_len: int | None = None,
 ) -> dict[str, Any]:
     """Explain how Dynamo captures ``workload``; returns the JSON-able report.
+
+    ``stream`` (a JSONL trace of sizes) or ``stream_len`` (items of the workload's default
+    stream) replays that stream for the recompilation report instead of batch sizes; a bad
+    trace raises KilnUserError naming its line before the worker starts.
 
     ``status`` is ``ok``, ``phase-error`` (a phase raised; the others still report), ``timeout``
     or ``crashed``. A spec that names no workload raises KilnUserError. ``device`` and
@@ -95,12 +101,19 @@ def explain(
 
     device = defaults.device(device)
     preset = defaults.preset(preset, device)
+    if stream is not None or stream_len is not None:
+        from torchkiln.tune.stream_search import load_stream
+
+        load_stream(workload, preset, None, stream, stream_len)  # checked here: one line, exit 2
+        stream = None if stream is None else str(Path(stream).resolve())
     req: dict[str, Any] = {
         "workload": workload,
         "preset": preset,
         "batch_sizes": batch_sizes,
         "recompiles": recompiles,
         "recompile_limit": recompile_limit,
+        "stream": stream,
+        "stream_len": stream_len,
         "device": device,
         **_variant_request(variant),
     }
@@ -164,6 +177,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="set Dynamo's recompile limit for the recompilation run (default: torch's)",
     )
+    parser.add_argument(
+        "--stream",
+        metavar="FILE.jsonl",
+        help="replay this trace of sizes (docs/streams.md) for the recompilation report: which "
+        "guard and dim each recompile changed, how often, and whether the limit was hit",
+    )
+    parser.add_argument(
+        "--stream-len",
+        type=int,
+        default=None,
+        help="items of the stream (default: the whole trace, or 200 of the workload's default)",
+    )
     parser.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if present)")
     parser.add_argument(
         "--trace",
@@ -217,6 +242,8 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         trace_dir=args.trace,
         timeout=args.timeout,
+        stream=args.stream,
+        stream_len=args.stream_len,
     )
     code = exit_code(report, args.fullgraph_check)
     report["fullgraph_check"] = (

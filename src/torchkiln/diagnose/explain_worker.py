@@ -157,6 +157,14 @@ def _capture_phase(model: Any, inputs: Any, step: str, dynamic: bool | None) -> 
 def _input_sets(req: dict[str, Any], workload: Any) -> tuple[str, list[tuple[str, Any]]]:
     from torchkiln.workloads import load_workload
 
+    if req.get("stream") or req.get("stream_len"):
+        from torchkiln.workloads.stream import workload_stream
+
+        stream = workload_stream(workload, req.get("stream"), req.get("stream_len"))
+        where = req.get("stream") or "the workload's default stream"
+        return f"the stream ({where}, {len(stream)} items)", [
+            (stream.where(i), x) for i, x in enumerate(stream)
+        ]
     sizes = req.get("batch_sizes")
     if not sizes and workload.input_stream is not None:
         items: Iterator[Any] = iter(workload.input_stream())

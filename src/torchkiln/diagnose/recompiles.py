@@ -9,6 +9,9 @@ from typing import Any
 _GUARD = re.compile(r"^\s*(?P<cid>\[?\d+/\d+\]?):\s*(?P<text>.*)$", re.S)
 _LIMIT = re.compile(r"hit config\.(?P<name>\w+) \((?P<value>\d+)\)")
 _FUNCTION = re.compile(r"function: '(?P<func>[^']+)' \((?P<loc>[^)]+)\)")
+# "tensor 'x' size mismatch at index 1. expected 5, actual 9": the input and dim that changed
+_SIZE = re.compile(r"tensor '(?P<input>[^']+)' size mismatch at index (?P<dim>\d+)")
+_VALUES = re.compile(r"\.?\s*expected \S+, actual \S+")
 
 _GUARD_FIXES = (
     (
@@ -97,6 +100,7 @@ def summarize(
             }
         )
     warning = None
+    by_guard = guards_summary(recompilations)
     if limit_hits:
         where = ", ".join(sorted({h["function"] or "?" for h in limit_hits}))
         first = next((s["label"] for s in steps if s.get("limit_hit")), None)
@@ -112,11 +116,36 @@ def summarize(
         "count": sum(not r["fell_back_to_eager"] for r in recompilations),
         "fallbacks": sum(r["fell_back_to_eager"] for r in recompilations),
         "recompilations": recompilations,
+        "by_guard": by_guard,
         "limit": limit,
         "limit_hit": bool(limit_hits),
         "limit_hits": limit_hits,
         "warning": warning,
     }
+
+
+def guards_summary(recompilations: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The recompilations grouped by the guard that failed, its sizes left out (one entry for
+    every "size mismatch at index 1"): ``function``, ``guard``, the ``input`` and ``dim`` of a
+    size guard (else null), ``count`` and the ``fell_back_to_eager`` among them. Most first."""
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in recompilations:
+        guard = _VALUES.sub("", r["reason"]).strip()
+        m = _SIZE.search(r["reason"])
+        g = groups.setdefault(
+            (r["function"], guard),
+            {
+                "function": r["function"],
+                "guard": guard,
+                "input": m.group("input") if m else None,
+                "dim": int(m.group("dim")) if m else None,
+                "count": 0,
+                "fell_back_to_eager": 0,
+            },
+        )
+        g["count"] += 1
+        g["fell_back_to_eager"] += int(r["fell_back_to_eager"])
+    return sorted(groups.values(), key=lambda g: -g["count"])
 
 
 # "skipping cudagraphs due to <reason>": reason keyword -> (kind, fix).

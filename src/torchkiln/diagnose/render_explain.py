@@ -81,6 +81,10 @@ def _render_recompiles(con: Console, rec: dict[str, Any] | None) -> None:
     con.print(f"[bold]Recompilations over {escape(rec['source'])}: {rec['count']}{fell}[/]")
     if rec.get("note"):
         con.print(f"  [yellow]{escape(rec['note'])}[/]")
+    for g in rec.get("by_guard") or []:
+        what = f"{g['input']} dim {g['dim']}" if g.get("dim") is not None else g["guard"]
+        eager = f", {g['fell_back_to_eager']} ran in eager" if g.get("fell_back_to_eager") else ""
+        con.print(f"  {escape(g['function'])}: {escape(what)} changed {g['count']}x{eager}")
     if rec["recompilations"]:
         for r in rec["recompilations"]:
             reason = r["reason"] if len(r["reason"]) <= 160 else r["reason"][:157] + "..."

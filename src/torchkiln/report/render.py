@@ -285,6 +285,11 @@ def rerender(run_dir: str | Path) -> Path:
     if not path.exists():
         raise BadResultFile(f"{str(path)!r} does not exist: run `kiln tune --out DIR` first")
     doc = load_result(path)
+    if doc.get("stream"):  # a tune on a stream has its own, shorter report
+        from torchkiln.tune.stream_search import write_stream_reports
+
+        write_stream_reports(doc, run_dir)
+        return Path(run_dir)
     try:
         md, page = markdown(doc), html(doc)
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:

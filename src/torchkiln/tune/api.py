@@ -96,6 +96,8 @@ def tune(
     out: str | Path | None = None,
     history: str | Path | bool | None = None,
     fix: str = "code",
+    stream: str | Path | None = None,
+    stream_len: int | None = None,
     **overrides: Any,
 ) -> TuneResult:
     """Tune a workload spec (str), a factory function, or an in-memory model + example inputs.
@@ -110,7 +112,11 @@ def tune(
     only Dynamo settings; none neither. A model without a source file gets configuration only.
 
     ``budget`` and ``preset`` default as `kiln tune`'s do (torchkiln.defaults: 15 minutes and
-    the full preset on a GPU, 4 minutes and the tiny preset on the CPU)."""
+    the full preset on a GPU, 4 minutes and the tiny preset on the CPU).
+
+    ``stream`` (a JSONL trace of sizes) or ``stream_len`` (items of the workload's default
+    stream) tunes on a stream of varying shapes instead of one fixed input (docs/streams.md);
+    it takes a workload spec (a str), whose Workload makes inputs from sizes."""
     import torch
 
     from torchkiln.tune.pipeline import tune as run_pipeline
@@ -130,6 +136,13 @@ def tune(
         history=history,
         fix=check_fix_mode(fix),
     )
+    if stream is not None or stream_len is not None:
+        if not isinstance(model_or_factory, str):
+            raise KilnUserError(
+                "a stream tune takes a workload spec (a name, file.py:factory or "
+                "pkg.module:factory) whose Workload has make_inputs"
+            )
+        kwargs.update(stream=None if stream is None else str(stream), stream_len=stream_len)
     if isinstance(model_or_factory, str):
         return TuneResult(run_pipeline(model_or_factory, **kwargs), out)
     if isinstance(model_or_factory, torch.nn.Module):

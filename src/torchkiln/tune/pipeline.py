@@ -19,9 +19,9 @@ from torchkiln.repair import judge as repair_judge
 from torchkiln.repair.arm import PLAN_KEY
 from torchkiln.repair.plan import check_mode as check_fix_mode
 from torchkiln.report.drift import baseline_drift
-from torchkiln.runner.launch import warm
+from torchkiln.runner.launch import executors, warm
 from torchkiln.runner.launch.concurrency import search_slots
-from torchkiln.runner.launch.executors import LocalExecutor, stream
+from torchkiln.runner.launch.executors import LocalExecutor
 from torchkiln.runner.launch.trial_process import preflight, run_trial
 from torchkiln.runner.protocol.trial import TrialSpec, base_result
 from torchkiln.runner.protocol.worker import write_json
@@ -208,10 +208,36 @@ def tune(
     history: str | Path | bool | None = None,
     fix: str = "code",
     compile_workers: int | None = None,
+    stream: str | None = None,
+    stream_len: int | None = None,
 ) -> dict[str, Any]:
     """Run the pipeline and write results.json, report.md and report.html into ``out``; the
     result is also appended to the history store ``history`` (None: the default, False: none),
-    and the report draws the trend of earlier comparable runs found there."""
+    and the report draws the trend of earlier comparable runs found there.
+    With ``stream`` or ``stream_len`` the search runs on the stream instead (tune.stream_search).
+    """
+    if stream is not None or stream_len is not None:
+        from torchkiln.tune.stream_search import tune_stream
+
+        if steps is not None:
+            raise KilnUserError(
+                "--steps does not apply to a tune on a stream: the pick is the fastest over the "
+                "whole stream, compiles included"
+            )
+
+        return tune_stream(
+            workload,
+            device=device,
+            preset=preset,
+            batch_size=batch_size,
+            budget_s=budget_s,
+            allow_precision=set(allow_precision),
+            out=Path(out),
+            stream=stream,
+            stream_len=stream_len,
+            step=step,
+            events=events,
+        )
     events = clock = StageClock(events or TuneEvents())  # stage times for time_spent
     check_fix_mode(fix)
     t0 = time.monotonic()
@@ -388,7 +414,7 @@ def tune(
         )  # fmt: skip
 
     # Several GPUs: a trial starts whenever one frees, taking turns on the host (host_lock.py).
-    stream(slots, next_trial, run_one, trial_done)
+    executors.stream(slots, next_trial, run_one, trial_done)
     # In plan order, as one GPU would have run them (they finish in any order side by side).
     results[1:] = sorted(results[1:], key=lambda r: int(r["id"].split("-", 1)[0]))
     for r in results:

@@ -268,3 +268,75 @@ def apply(model: Any, spec: str, device: str = "cuda", step: str | None = None) 
     runs under no_grad as the trial's did. A whole-step variant is applied to the model alone
     here (the step is the caller's code: see the recommendation)."""
     return _Tuned(model, spec, device, step)
+
+
+def _input_name(key: Any) -> str:
+    return f"args[{key}]" if isinstance(key, int) else f'kwargs["{key}"]'
+
+
+def stream_code(name: str, metrics: dict[str, Any], device: str) -> str:
+    """Python for a pick made on a stream: a bucketed pick's ``BucketedModule(...)`` with its
+    bucket sizes, warm-up and the stats to watch; otherwise the ``torch.compile`` call with the
+    dynamic setting, the raised recompile limit or the ``mark_dynamic`` lines it was measured
+    with."""
+    from torchkiln.tune.stream_plan import parse_stream_candidate
+
+    if name == "eager":
+        return "\n".join(
+            [f'model = model.to("{device}").eval()', "run = model  # no compilation paid off"]
+        )
+    c = parse_stream_candidate(name)
+    v = parse_variant(c.variant)
+    dims = metrics.get("varying_dims") or []
+    lines = ["import torch", "", f'model = model.to("{device}").eval()']
+    if c.bucket:
+        by_input: dict[Any, dict[int, str]] = {}
+        for key, dim, sym in dims:
+            by_input.setdefault(key, {})[dim] = sym
+        buckets = {k: tuple(b) for k, b in (metrics.get("buckets") or {}).items()}
+        lines[1:1] = ["from torchkiln.serve import BucketedModule"]
+        lines += [
+            f"# inputs padded up to a bucket ({c.bucket}), one compiled graph per bucket",
+            "served = BucketedModule(",
+            "    model,",
+            f"    dynamic_dims={by_input!r},",
+            f"    buckets={buckets!r},",
+            f'    variant="{v.spec}",',
+            ")",
+            "served.warmup(*example_inputs)  # compiles every bucket before traffic",
+            "out = served(*args, **kwargs)  # per request; nothing compiles after warm-up",
+            "# to watch in production, served.stats(): eager_fallbacks (requests no bucket",
+            "# covers, run eagerly), recompiles_after_warmup (must stay 0), padding_waste",
+        ]
+        return "\n".join(lines)
+    args = _compile_args(v)
+    if c.recompile_limit:
+        lines += [
+            "# one graph per input shape: allow as many as the traffic has",
+            'limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") '
+            'else "cache_size_limit"',
+            f"setattr(torch._dynamo.config, limit, {c.recompile_limit})",
+        ]
+    lines.append(f"run = torch.compile(model{', ' + args if args else ''})")
+    f = arm_facts(v, "infer", device)
+    autocast = (
+        f'torch.autocast("{f.device_type}", dtype=torch.{f.autocast_dtype})'
+        if f.autocast_dtype
+        else None
+    )
+    body = []
+    if getattr(v.backend, "dynamic", "auto") == "auto" and dims:
+        body.append(
+            "    # optional: the sizes that vary, marked dynamic up front (otherwise the first"
+        )
+        body.append("    # change of each recompiles once, then it is dynamic)")
+        body += [
+            f"    torch._dynamo.mark_dynamic({_input_name(k)}, {d})  # {sym}" for k, d, sym in dims
+        ]
+    lines += [
+        "",
+        "with torch.no_grad():" if not autocast else f"with torch.no_grad(), {autocast}:",
+        *body,
+        "    out = run(*args, **kwargs)  # per request",
+    ]
+    return "\n".join(lines)

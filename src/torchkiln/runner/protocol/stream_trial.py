@@ -29,10 +29,36 @@ def _close(a: Any, b: Any, atol: float, rtol: float) -> bool:
     return a == b
 
 
+def _raise_recompile_limit(n: int) -> None:
+    import torch._dynamo.config as cfg
+
+    # torch 2.11-2.14 differ: recompile_limit was cache_size_limit
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    setattr(cfg, name, max(n, int(getattr(cfg, name))))
+
+
+def _varying_dims(stream: Any) -> list[list[Any]] | None:
+    """[input, dim, size name] per input dim that follows a varying size (None when the stream
+    has no sizes): a list, as JSON keeps no integer keys, for the recommendation's code."""
+    from torchkiln.measure.stream_buckets import dynamic_dims
+
+    try:
+        dims = dynamic_dims(stream)
+    except KilnUserError:
+        return None
+    return [[k, d, n] for k, ds in dims.items() for d, n in ds.items()]
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     import copy
+    import time
 
+    import torch
+
+    from torchkiln.measure import compile_watch
     from torchkiln.measure.stream_replay import replay
+    from torchkiln.runner.protocol.settings import autocast, precision_flags
+    from torchkiln.tune.stream_plan import LEARNED_BUCKETS, parse_stream_candidate
     from torchkiln.variants import parse_variant
     from torchkiln.workloads.loader import load_workload
     from torchkiln.workloads.stream import workload_stream
@@ -41,10 +67,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         raise KilnUserError(
             "a stream trial replays inference (--step infer); training streams are not measured yet"
         )
-    variant = parse_variant(spec["variant"])
-    if variant.precision != "fp32" or variant.channels_last or variant.fixes:
+    cand = parse_stream_candidate(spec["variant"])
+    variant = parse_variant(cand.variant)
+    if variant.channels_last or variant.fixes:
         raise KilnUserError(
-            f"variant {spec['variant']!r}: a stream trial takes a backend alone (no +policy)"
+            f"variant {spec['variant']!r}: a stream trial takes a backend and a precision "
+            "(no +channels_last or +fix=)"
         )
     w = load_workload(spec["workload"], preset=spec["preset"], batch_size=spec.get("batch_size"))
     stream = workload_stream(w, spec.get("stream"), spec.get("stream_len"))
@@ -54,16 +82,65 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     reason = variant.backend.unsupported_reason(device)
     if reason:
         raise KilnUserError(f"variant {spec['variant']!r}: {reason}")
-    candidate = variant.backend.wrap(model, compile_scope="model")
-    tol = 1e-2 if device.startswith("cuda") else 1e-4  # TF32/cuDNN reorderings on GPU
+    if cand.recompile_limit:
+        _raise_recompile_limit(cand.recompile_limit)
+    warmup_fraction = spec.get("warmup_fraction", 0.2)
+    bucketed = None
+    setup: dict[str, Any] = {}
+    if cand.bucket:
+        from torchkiln.measure.stream_buckets import dynamic_dims, stream_buckets
+        from torchkiln.serve.bucketed import BucketedModule
+
+        buckets = stream_buckets(
+            stream, cand.bucket, int(len(stream) * warmup_fraction), LEARNED_BUCKETS
+        )
+        bucketed = BucketedModule(model, dynamic_dims(stream), buckets, variant=variant)
+        first = stream.items[0]
+        # every bucket compiled before the stream starts, as a server warms up before traffic;
+        # its cost is reported apart and charged to the stream's total
+        before = compile_watch.snapshot()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            bucketed.warmup(**first) if isinstance(first, dict) else bucketed.warmup(*first)
+        done = compile_watch.delta(before, compile_watch.snapshot())
+        setup = {
+            "buckets": {k: list(v) for k, v in buckets.items()},
+            "warmup_s": time.perf_counter() - t0,
+            "warmup_compiles": done["compiles"],
+        }
+        run_candidate = bucketed
+    else:
+        compiled = variant.backend.wrap(model, compile_scope="model")
+
+        def run_candidate(*args: Any, **kwargs: Any) -> Any:
+            variant.backend.before_step()
+            with precision_flags(variant.precision), autocast(device, variant.precision):
+                return compiled(*args, **kwargs)
+
+    # TF32/cuDNN reorderings on GPU; 16-bit autocast rounds every matmul
+    tol = 1e-2 if device.startswith("cuda") else 1e-4
+    if variant.precision in ("bf16", "fp16"):
+        tol = 5e-2
     out = replay(
-        candidate,
+        run_candidate,
         eager,
         stream,
         device=device,
-        warmup_fraction=spec.get("warmup_fraction", 0.2),
+        warmup_fraction=warmup_fraction,
         check=lambda a, b: _close(a, b, tol, tol),
     )
+    out.update(setup)
+    if bucketed is not None:
+        # requests no bucket covered ran eagerly: BucketedModule counts them, dynamo does not
+        stats = bucketed.stats()
+        out["eager_fallbacks"] = stats["eager_fallbacks"]
+        out["recompiles_after_warmup"] = stats["recompiles_after_warmup"]
+        out["padding_waste"] = stats["padding_waste"]
+        bucketed.close()
+    out["recompile_limit"] = cand.recompile_limit
+    out["varying_dims"] = _varying_dims(stream)
+    # what the stream cost the candidate in all, a bucketed one's warm-up included
+    out["total_s"] = out["time_per_item_s"] * out["items"] + setup.get("warmup_s", 0.0)
     out["status"] = "ok" if not out["mismatched_items"] else "incorrect"
     return out
 

@@ -1,0 +1,81 @@
+"""The candidates a tune measures on a stream: ways of compiling that deal with varying shapes.
+
+A stream candidate is a variant spec with, optionally, one stream-only modifier after it:
+
+- ``+recompile_limit=N``: dynamo may compile N graphs per frame before it runs the frame eagerly;
+- ``+bucket=pow2`` / ``+bucket=learned``: inputs padded up to bucket sizes by
+  ``torchkiln.serve.BucketedModule`` (powers of two, or sizes learned from the stream's warm-up
+  part), one compile per bucket, all of them before the stream starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torchkiln.errors import KilnUserError
+from torchkiln.variants import parse_variant
+
+RAISED_RECOMPILE_LIMIT = 64  # above the number of distinct shapes a tune's stream usually holds
+BUCKETINGS = ("pow2", "learned")
+LEARNED_BUCKETS = 4  # buckets learned per varying size: few compiles, little padding
+
+
+@dataclass(frozen=True)
+class StreamCandidate:
+    variant: str  # the variant spec, without the stream-only modifier
+    recompile_limit: int | None = None
+    bucket: str | None = None
+
+    @property
+    def name(self) -> str:
+        if self.bucket:
+            return f"{self.variant}+bucket={self.bucket}"
+        if self.recompile_limit:
+            return f"{self.variant}+recompile_limit={self.recompile_limit}"
+        return self.variant
+
+
+def parse_stream_candidate(name: str) -> StreamCandidate:
+    """``inductor:dynamic=false+bf16+bucket=pow2`` -> the variant and its stream modifier."""
+    parts = name.split("+")
+    keep, limit, bucket = [], None, None
+    for p in parts:
+        key, _, value = p.partition("=")
+        if key == "recompile_limit":
+            if not value.isdigit() or int(value) < 1:
+                raise KilnUserError(f"{name!r}: recompile_limit must be a positive integer")
+            limit = int(value)
+        elif key == "bucket":
+            if value not in BUCKETINGS:
+                raise KilnUserError(f"{name!r}: bucket must be one of {', '.join(BUCKETINGS)}")
+            bucket = value
+        else:
+            keep.append(p)
+    variant = parse_variant("+".join(keep)).spec
+    return StreamCandidate(variant, limit, bucket)
+
+
+def stream_candidates(
+    device: str, allow_precision: set[str], *, can_bucket: bool = True
+) -> list[StreamCandidate]:
+    """dynamic=true, automatic dynamic (dynamic left unset), static with a raised recompile
+    limit and (``can_bucket``) padding to buckets, each under default and reduce-overhead (on
+    CUDA), at fp32 and each allowed precision."""
+    modes = ["default", "reduce-overhead"] if device.startswith("cuda") else ["default"]
+    allowed = sorted(p for p in allow_precision if p in ("bf16", "fp16", "tf32"))
+    # on a GPU an allowed 16-bit precision first, as the fixed-input search leads with it
+    # (tune.search.EXACT_AFTER): a short budget reaches the likely winner; fp32 after
+    precisions = [*allowed, "fp32"] if device.startswith("cuda") else ["fp32", *allowed]
+    out: list[StreamCandidate] = []
+    for precision in precisions:
+        tail = "" if precision == "fp32" else f"+{precision}"
+        for mode in modes:
+            head = "inductor" + ("" if mode == "default" else f":mode={mode}")
+            sep = "," if ":" in head else ":"
+            out.append(StreamCandidate(parse_variant(f"{head}{sep}dynamic=true{tail}").spec))
+            out.append(StreamCandidate(parse_variant(f"{head}{tail}").spec))
+            static = parse_variant(f"{head}{sep}dynamic=false{tail}").spec
+            out.append(StreamCandidate(static, recompile_limit=RAISED_RECOMPILE_LIMIT))
+            if can_bucket:
+                out += [StreamCandidate(static, bucket=b) for b in BUCKETINGS]
+    return out

@@ -1,0 +1,265 @@
+"""`kiln tune --stream`: the search measures each shape candidate (tune.stream_plan) on the
+stream, each in its own process, paired per item with eager on the same stream, and picks the
+fastest correct one over the whole stream (compiles and a bucketed candidate's warm-up included).
+"""
+
+from __future__ import annotations
+
+import time
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from torchkiln import __version__
+from torchkiln.errors import KilnUserError
+from torchkiln.measure.environment import collect as collect_environment
+from torchkiln.runner.protocol.trial import TRIAL_SCHEMA
+from torchkiln.runner.protocol.worker import write_json
+from torchkiln.tune import recommend
+from torchkiln.tune.stream_plan import StreamCandidate, stream_candidates
+from torchkiln.tune.time_spent import time_spent
+
+TUNE_SCHEMA = "torchkiln.tune/1"
+MIN_TRIAL_S = 10.0  # less than this left: the next trial could not finish its compiles
+
+
+def load_stream(
+    workload: str, preset: str, batch_size: int | None, stream: str | None, length: int | None
+) -> Any:
+    """The stream, built and checked before anything is written: a bad trace fails with its line
+    named and leaves an earlier run's files as they were."""
+    from torchkiln.workloads.loader import load_workload
+    from torchkiln.workloads.stream import workload_stream
+
+    if stream is not None and not Path(stream).is_file():
+        raise KilnUserError(f"--stream {stream!r}: no such file")
+    w = load_workload(workload, preset=preset, batch_size=batch_size)
+    return workload_stream(w, stream, length)
+
+
+def _bucketing_refused(stream: Any) -> str | None:
+    from torchkiln.measure.stream_buckets import dynamic_dims
+
+    try:
+        dynamic_dims(stream)
+    except KilnUserError as exc:
+        return str(exc)
+    return None
+
+
+def _as_trial(i: int, r: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """A stream trial as an entry of results.json's `trials`: the common fields, and the
+    replay's measurements under `stream`."""
+    status = r.get("status", "error")
+    reason = r.get("error") or (
+        f"items {r['mismatched_items'][:5]} differ from eager" if status == "incorrect" else ""
+    )
+    metrics = {k: v for k, v in r.items() if k not in ("variant", "status", "error")}
+    return {
+        "schema": TRIAL_SCHEMA,
+        "id": f"{i:02d}-stream",
+        "workload": base["workload"],
+        "variant": r["variant"],
+        "baseline": "eager",
+        "step": "infer",
+        "device": base["device"],
+        "status": "ok" if status == "ok" else status,
+        "reason": reason,
+        "stream": metrics or None,
+    }
+
+
+def _select(trials: list[dict[str, Any]]) -> dict[str, Any]:
+    """The fastest correct candidate over the whole stream, eager among them: eager's time is the
+    median of its paired replays (one per trial, each on the same stream)."""
+    import statistics
+
+    ok = [t for t in trials if t["status"] == "ok"]
+    rejected = {t["variant"]: f"{t['status']}: {t['reason']}" for t in trials if t not in ok}
+    if not ok:
+        return {
+            "best": None,
+            "reason": "no candidate replayed the stream correctly",
+            "tied": [],
+            "ranking": [],
+            "break_even_steps": {},
+            "rejected": rejected,
+            "best_numerics_changing": None,
+        }
+    eager_s = statistics.median(t["stream"]["eager_total_s"] for t in ok)
+    totals = {t["variant"]: t["stream"]["total_s"] for t in ok} | {"eager": eager_s}
+    ranking = sorted(totals, key=totals.get)
+    best = ranking[0]
+    if best == "eager":
+        reason = (
+            f"no candidate was faster than eager over the whole stream ({eager_s:.3f} s); "
+            f"the fastest, {ranking[1]}, took {totals[ranking[1]]:.3f} s, compiles included"
+        )
+    else:
+        reason = (
+            f"the fastest correct candidate over the whole stream: {totals[best]:.3f} s against "
+            f"eager's {eager_s:.3f} s ({eager_s / totals[best]:.2f}x), compiles included"
+        )
+    return {
+        "best": best,
+        "reason": reason,
+        "tied": [],
+        "ranking": ranking,
+        "break_even_steps": {},
+        "rejected": rejected,
+        "best_numerics_changing": None,
+        "total_s": totals,
+    }
+
+
+def tune_stream(
+    workload: str,
+    *,
+    device: str,
+    preset: str,
+    batch_size: int | None,
+    budget_s: float,
+    allow_precision: set[str],
+    out: Path,
+    stream: str | None,
+    stream_len: int | None,
+    step: str = "infer",
+    events: Any = None,
+) -> dict[str, Any]:
+    """Measure the shape candidates on the stream within the budget; write results.json and
+    report.md and report.html into ``out``."""
+    t0 = time.monotonic()
+    left = lambda: budget_s - (time.monotonic() - t0)  # noqa: E731
+    if step != "infer":
+        raise KilnUserError("--stream tunes inference only: use --step infer")
+    items = load_stream(workload, preset, batch_size, stream, stream_len)
+    no_buckets = _bucketing_refused(items)
+    plan: list[StreamCandidate] = stream_candidates(
+        device, allow_precision, can_bucket=no_buckets is None
+    )
+    base = {
+        "workload": workload,
+        "preset": preset,
+        "batch_size": batch_size,
+        "device": device,
+        "stream": str(Path(stream).resolve()) if stream else None,
+        "stream_len": stream_len,
+    }
+    from torchkiln.cli_stream import run_stream_trial
+
+    raw: list[dict[str, Any]] = []
+    skipped: dict[str, str] = {}
+    for c in plan:
+        room = left()
+        if room < MIN_TRIAL_S:
+            skipped[c.name] = f"the budget is spent ({max(0.0, room):.0f} s left)"
+            continue
+        if events is not None:
+            events.stage("search", f"{c.name} on the stream", room)
+        raw.append(run_stream_trial({**base, "variant": c.name}, room))
+    errors = {r.get("error") for r in raw if r.get("status") == "error"}
+    if raw and len(errors) == 1 and all(r.get("status") == "error" for r in raw):
+        # the same refusal in every trial is the stream's fault, not a candidate's
+        raise KilnUserError(errors.pop())
+    trials = [_as_trial(i + 1, r, base) for i, r in enumerate(raw)]
+    for t in trials:
+        s = t["stream"]
+        if s and "eager_time_per_item_s" in s:
+            s["eager_total_s"] = s["eager_time_per_item_s"] * s["items"]
+    selection = _select(trials)
+    best = next((t for t in trials if t["variant"] == selection["best"]), None)
+    if selection["best"] == "eager":
+        best = {"variant": "eager", "stream": {}}
+    doc: dict[str, Any] = {
+        "schema": TUNE_SCHEMA,
+        "kiln_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "workload": workload,
+        "step": step,
+        "device": device,
+        "preset": preset,
+        "batch_size": batch_size,
+        "budget_s": budget_s,
+        "steps": None,
+        "allow_precision": sorted(allow_precision),
+        "stream": {**base, "items": len(items)},
+        "environment": collect_environment(device),
+        "stages": {
+            "environment": {"status": "skipped", "reason": "a stream tune"},
+            "profile": {"status": "skipped", "reason": "a stream tune times the stream itself"},
+            "graph_breaks": {"status": "skipped", "reason": "a stream tune", "breaks": None},
+            "search": {
+                "evidence": {"stream_items": len(items), "bucketing_refused": no_buckets},
+                "planned": [c.name for c in plan],
+                "skipped": skipped,
+            },
+        },
+        "selection": selection,
+        "recommendation": None
+        if best is None
+        else {
+            "variant": best["variant"],
+            "code": recommend.stream_code(best["variant"], best["stream"], device),
+            "why": _why(best, selection),
+        },
+        "trials": trials,
+        "head_to_head_trials": [],
+    }
+    doc["wall_s"] = time.monotonic() - t0
+    doc["time_spent"] = time_spent(doc, {"search": doc["wall_s"]})
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "results.json", doc)
+    write_stream_reports(doc, out)
+    return doc
+
+
+def write_stream_reports(doc: dict[str, Any], out: str | Path) -> None:
+    """report.md and report.html (the same text) of a tune on a stream."""
+    md = _report_md(doc)
+    (Path(out) / "report.md").write_text(md)
+    page = f"<!doctype html><meta charset=utf-8><pre>{escape(md)}</pre>\n"
+    (Path(out) / "report.html").write_text(page)
+
+
+def _why(best: dict[str, Any], selection: dict[str, Any]) -> list[str]:
+    """The pick's reason, then what the stream cost it in compiles (from dynamo's counters)."""
+    why = [selection["reason"]]
+    s = best.get("stream") or {}
+    if s.get("buckets"):
+        why.append(
+            f"{s.get('warmup_compiles')} graphs compiled in warm-up for buckets {s['buckets']}, "
+            f"{s.get('compiles')} during the stream, {s.get('eager_fallbacks')} items run eagerly"
+        )
+    elif s:
+        why.append(
+            f"{s.get('compiles')} graphs compiled over the stream's {s.get('distinct_shapes')} "
+            f"shapes ({s.get('recompiles')} recompiles), {s.get('eager_fallbacks')} eager "
+            f"fallbacks; after warm-up {s.get('steady_speedup', 0):.2f}x eager"
+        )
+    return why
+
+
+def _num(x: Any) -> str:
+    return "" if x is None else f"{x:.4g}"
+
+
+def _report_md(doc: dict[str, Any]) -> str:
+    lines = [
+        f"# kiln tune on a stream: {doc['workload']} ({doc['device']})",
+        "",
+        f"{doc['stream']['items']} items. Pick: {doc['selection']['best'] or 'eager'}: "
+        f"{doc['selection']['reason']}.",
+        "",
+        "| candidate | status | total s | eager total s | steady x | compiles | recompiles |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for t in doc["trials"]:
+        s = t["stream"] or {}
+        lines.append(
+            f"| `{t['variant']}` | {t['status']} | {_num(s.get('total_s'))} | "
+            f"{_num(s.get('eager_total_s'))} | {_num(s.get('steady_speedup'))} | "
+            f"{s.get('compiles', '')} | {s.get('recompiles', '')} |"
+        )
+    if doc["recommendation"]:
+        lines += ["", "```python", doc["recommendation"]["code"], "```"]
+    return "\n".join(lines) + "\n"

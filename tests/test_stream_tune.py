@@ -1,0 +1,215 @@
+"""`kiln tune --stream`: the shape candidates, a bucketed trial's compiles, the pick on a stream
+and the code it ships, and bad traces."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchkiln.errors import KilnUserError
+from torchkiln.tune.recommend import stream_code
+from torchkiln.tune.stream_plan import parse_stream_candidate, stream_candidates
+
+# A per-position model: padding the sequence and cutting the output back is exact, so a bucketed
+# candidate must match eager item by item.
+FACTORY = """
+import torch
+from torchkiln.workloads.base import Workload
+
+
+class PerToken(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.relu(self.lin(x)) * 2
+
+
+def make(preset="full", batch_size=None, **_):
+    torch.manual_seed(0)
+    mk = lambda batch, seq: (torch.randn(batch, seq, 8),)
+    return Workload(name="pertoken", model=PerToken().eval(), example_inputs=mk(2, 8),
+                    make_inputs=mk, size_limits={"seq": 64})
+"""
+
+
+def _kiln(*argv: str):
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    return subprocess.run(
+        [sys.executable, "-m", "torchkiln.cli", *argv], capture_output=True, text=True, env=env
+    )
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    (tmp_path / "pertoken.py").write_text(FACTORY)
+    trace = tmp_path / "t.jsonl"
+    # three shapes, each seen three times
+    trace.write_text("".join(f'{{"batch": 2, "seq": {s}}}\n' for s in [5, 9, 16] * 3))
+    return f"{tmp_path / 'pertoken.py'}:make", trace
+
+
+def test_the_plan_holds_every_shape_candidate():
+    cpu = [c.name for c in stream_candidates("cpu", set())]
+    assert cpu == [
+        "inductor:dynamic=true",
+        "inductor",
+        "inductor:dynamic=false+recompile_limit=64",
+        "inductor:dynamic=false+bucket=pow2",
+        "inductor:dynamic=false+bucket=learned",
+    ]
+    gpu = [c.name for c in stream_candidates("cuda", {"bf16"}, can_bucket=False)]
+    assert "inductor:mode=reduce-overhead,dynamic=true+bf16" in gpu
+    assert "inductor:mode=reduce-overhead+bf16" in gpu
+    assert not any("bucket" in n for n in gpu)
+    assert len(gpu) == 2 * 2 * 3  # fp32 and bf16, two modes, three ways
+    for n in cpu + gpu:
+        assert parse_stream_candidate(n).name == n
+    with pytest.raises(KilnUserError, match="bucket must be one of"):
+        parse_stream_candidate("inductor+bucket=cubes")
+
+
+def test_bucketed_trial_compiles_once_per_bucket_and_not_after_warmup(tiny):
+    from torchkiln.cli_stream import run_stream_trial
+
+    factory, trace = tiny
+    spec = {"workload": factory, "preset": "tiny", "device": "cpu", "stream": str(trace)}
+    r = run_stream_trial({**spec, "variant": "inductor:dynamic=false+bucket=pow2"}, 300)
+    assert r["status"] == "ok", r
+    assert r["buckets"] == {"seq": [8, 16]}  # powers of two from the smallest size, 5
+    assert r["warmup_compiles"] in (2, None)  # None: this torch has no counter
+    assert r["compiles"] in (0, None)
+    assert r["eager_fallbacks"] == 0 and r["mismatched_items"] == []
+    assert r["varying_dims"] == [[0, 1, "seq"]]
+
+
+def test_tune_on_a_stream_picks_the_fastest_correct_candidate(tiny, tmp_path):
+    from torchkiln.report.schema import validate
+
+    factory, trace = tiny
+    out = tmp_path / "tune"
+    p = _kiln("tune", factory, "--device", "cpu", "--stream", str(trace), "--budget", "90s",
+              "--out", str(out))  # fmt: skip
+    assert p.returncode == 0, p.stderr[-2000:]
+    doc = json.loads((out / "results.json").read_text())
+    validate(doc)
+    assert doc["stream"]["items"] == 9
+    trials = {t["variant"]: t for t in doc["trials"]}
+    ok = {v: t["stream"]["total_s"] for v, t in trials.items() if t["status"] == "ok"}
+    assert ok, doc["trials"]
+    sel = doc["selection"]
+    for v, total in ok.items():
+        assert sel["total_s"][v] == total
+        assert trials[v]["stream"]["mismatched_items"] == []
+    assert sel["best"] == min(sel["total_s"], key=sel["total_s"].get)
+    assert sel["ranking"][0] == sel["best"]
+    static = trials.get("inductor:dynamic=false+recompile_limit=64")
+    if static and static["stream"]["compiles"] is not None:
+        # one graph per distinct shape, from dynamo's own counters
+        assert static["stream"]["compiles"] == static["stream"]["distinct_shapes"] == 3
+    assert doc["recommendation"]["variant"] == sel["best"]
+    assert f"pick: {sel['best']}" in p.stdout
+
+
+@pytest.mark.parametrize(
+    "line, needle",
+    [
+        ('{"batch": 2, "seq": -3}', "t.jsonl:2: sizes must be positive"),
+        ('{"batch": 2}', "t.jsonl:2"),
+    ],
+)
+def test_bad_stream_for_tune_is_one_line_exit_2(tiny, tmp_path, line, needle):
+    factory, trace = tiny
+    trace.write_text('{"batch": 2, "seq": 5}\n' + line + "\n")
+    out = tmp_path / "tune"
+    p = _kiln("tune", factory, "--device", "cpu", "--stream", str(trace), "--out", str(out))
+    assert p.returncode == 2
+    assert needle in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert not (out / "results.json").exists()
+
+
+def test_missing_stream_file_for_tune(tmp_path):
+    p = _kiln("tune", "simple", "--device", "cpu", "--stream", str(tmp_path / "none.jsonl"))
+    assert p.returncode == 2 and "no such file" in p.stderr
+
+
+def test_code_for_a_bucketed_and_a_dynamic_pick():
+    metrics = {"varying_dims": [[0, 1, "seq"]], "buckets": {"seq": [8, 16]}}
+    code = stream_code("inductor:dynamic=false+bucket=learned", metrics, "cpu")
+    assert "BucketedModule(" in code
+    assert "buckets={'seq': (8, 16)}" in code and "dynamic_dims={0: {1: 'seq'}}" in code
+    assert "served.warmup(" in code and "recompiles_after_warmup" in code
+    code = stream_code("inductor:dynamic=true", metrics, "cpu")
+    assert "torch.compile(model, dynamic=True)" in code
+    code = stream_code("inductor", metrics, "cpu")
+    assert "torch._dynamo.mark_dynamic(args[0], 1)  # seq" in code
+    code = stream_code("inductor:dynamic=false+recompile_limit=64", metrics, "cpu")
+    assert "setattr(torch._dynamo.config, limit, 64)" in code
+
+
+def test_explain_on_a_stream_names_the_guard_dim_count_and_limit(tiny, tmp_path):
+    factory, trace = tiny
+    out = tmp_path / "ex.json"
+    p = _kiln("explain", factory, "--device", "cpu", "--stream", str(trace), "--variant",
+              "inductor:dynamic=false", "--recompile-limit", "2", "--json", str(out))  # fmt: skip
+    assert p.returncode == 0, p.stderr[-2000:]
+    rec = json.loads(out.read_text())["recompiles"]
+    assert rec["source"].startswith("the stream")
+    assert rec["recompilations"][0]["trigger"].endswith("t.jsonl:2")  # seq 5 -> 9
+    (g,) = rec["by_guard"]
+    assert (g["input"], g["dim"]) == ("x", 1)
+    # seq 9 recompiled; seq 16 found the limit of 2 graphs reached and ran in eager
+    assert g["count"] == 2 and g["fell_back_to_eager"] == 1
+    assert rec["limit_hit"] is True
+    assert "x dim 1 changed 2x" in p.stdout
+
+
+def test_explain_on_a_bad_stream_is_one_line_exit_2(tiny):
+    factory, trace = tiny
+    trace.write_text('{"batch": 2, "seq": 5}\n{"batch": 2, "seq": 0}\n')
+    p = _kiln("explain", factory, "--device", "cpu", "--stream", str(trace))
+    assert p.returncode == 2 and "t.jsonl:2" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def _stream_trial(variant: str, total: float, eager_total: float, status: str = "ok"):
+    return {
+        "variant": variant,
+        "status": status,
+        "reason": "" if status == "ok" else "items [1] differ from eager",
+        "stream": {"total_s": total, "eager_total_s": eager_total, "compiles": 2,
+                   "distinct_shapes": 3, "recompiles": 1, "eager_fallbacks": 0,
+                   "steady_speedup": 2.0},
+    }  # fmt: skip
+
+
+def test_selection_on_a_stream_is_the_fastest_correct_over_the_whole_stream():
+    from torchkiln.tune.stream_search import _select, _why
+
+    trials = [
+        _stream_trial("inductor:dynamic=true", 2.0, 4.0),
+        _stream_trial("inductor:dynamic=false+bucket=pow2", 1.0, 4.2),
+        _stream_trial("inductor", 0.5, 4.0, status="incorrect"),  # faster, but wrong
+    ]
+    sel = _select(trials)
+    assert sel["best"] == "inductor:dynamic=false+bucket=pow2"
+    assert sel["ranking"] == [sel["best"], "inductor:dynamic=true", "eager"]
+    assert sel["total_s"]["eager"] == 4.1  # the median of eager's paired replays
+    assert "inductor" in sel["rejected"]
+    assert "3 shapes" in _why(trials[1], sel)[1]
+    slow = _select([_stream_trial("inductor", 5.0, 4.0)])
+    assert slow["best"] == "eager" and "no candidate was faster" in slow["reason"]
+
+
+def test_the_api_takes_a_stream_with_a_workload_spec_only(tmp_path):
+    import torch
+
+    import torchkiln
+
+    with pytest.raises(KilnUserError, match="a stream tune takes a workload spec"):
+        torchkiln.tune(torch.nn.Linear(2, 2), (torch.randn(1, 2),), device="cpu",
+                       stream_len=5, out=tmp_path / "t")  # fmt: skip
