@@ -106,7 +106,7 @@ def slow_worker(tmp_path, monkeypatch):
     script = tmp_path / "fake-worker.sh"
     script.write_text(FAKE_WORKER)
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setattr(launch.sys, "executable", str(script))
+    monkeypatch.setattr(sys, "executable", str(script))  # a cold spawn runs it
     return tmp_path / "worker.pid"
 
 

@@ -9,6 +9,7 @@ not in a real trial's minutes."""
 from __future__ import annotations
 
 import stat
+import sys
 import time
 from pathlib import Path
 
@@ -36,7 +37,7 @@ def fake_worker(tmp_path, monkeypatch):
     script = tmp_path / "fake-worker.sh"
     script.write_text(FAKE_WORKER.format(suffix=WAITING_SUFFIX))
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setattr(launch.sys, "executable", str(script))
+    monkeypatch.setattr(sys, "executable", str(script))  # a cold spawn runs it
 
     def run(wait_s: float, work_s: float, exit_s: float = 0.0, **limits) -> tuple:
         env = {"PATH": "/usr/bin:/bin", "WAIT_S": str(wait_s), "WORK_S": str(work_s),
