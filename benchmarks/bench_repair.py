@@ -56,13 +56,28 @@ from torchkiln.workloads.real import ZOO  # noqa: E402
 GOAL_GEOMEAN = 2.0
 
 
-def plain_against_pick(
-    args: argparse.Namespace, model: str, pick: str, plan: str | None, out: Path
-) -> dict[str, Any]:
-    """The plain modes on the unmodified model, each timed against the (remedied) pick."""
+def plain_variants(args: argparse.Namespace, pick: str, modes: tuple[str, ...]) -> list[str]:
+    """The plain modes at the pick's precision, and at every allowed precision when the pick is
+    eager (an eager fp32 pick still faces the plain bf16 modes)."""
     precision = parse_variant(pick).precision
-    modes = tuple(m for m in args.plain_modes.split(",") if m)
-    variants = [v for v in plain_specs(precision, modes) if v != pick]
+    precisions = [precision]
+    if parse_variant(pick).name == "eager":
+        precisions += [p for p in args.allow_precision.split(",") if p and p != precision]
+    return [v for p in precisions for v in plain_specs(p, modes) if v != pick]
+
+
+def plain_against_pick(
+    args: argparse.Namespace,
+    model: str,
+    pick: str,
+    plan: str | None,
+    out: Path,
+    variants: list[str] | None = None,
+) -> dict[str, Any]:
+    """The plain modes on the unmodified model (``variants``, else all --plain-modes), each
+    timed against the (remedied) pick in one process, rep by rep."""
+    if variants is None:
+        variants = plain_variants(args, pick, tuple(m for m in args.plain_modes.split(",") if m))
     if not variants:
         return {"pick_over_plain": {}, "not_measured": {}, "best_plain": None}
     overrides: dict[str, Any] = {"check_accuracy": False}  # the bar, not a candidate
@@ -142,6 +157,73 @@ def rejudge(args: argparse.Namespace, rows: list[dict[str, Any]], out: Path) -> 
         doc = json.loads(path.read_text())
         row["plain"] = plain_from_tune(doc, row["pick"], modes, precisions)
         finish_row(row)
+
+
+def merge_plain(from_tune: dict[str, Any], paired: dict[str, Any]) -> dict[str, Any]:
+    """One comparison from two sources: the plain modes the tune measured (through paired
+    speedups over eager) and the ones timed against the pick in one process; each row says
+    which, and the best plain mode is the fastest of them all."""
+    rows: dict[str, Any] = {}
+    for source, part in (("the tune's own trials", from_tune), ("paired against the pick", paired)):
+        rows |= {v: {**r, "from": source} for v, r in part["pick_over_plain"].items()}
+    best = min(rows, key=lambda v: rows[v]["ratio"]) if rows else None
+    return {
+        "pick_over_plain": rows,
+        "not_measured": {**from_tune["not_measured"], **paired["not_measured"]},
+        "best_plain": best,
+        "pick_over_best_plain": rows[best] if best else None,
+        "from": "the tune's own trials and paired trials against the pick",
+    }
+
+
+def rebuild_plan(args: argparse.Namespace, model: str, pick: str, out: Path) -> str:
+    """The repair plan a remedied pick is built from, made again on this machine (the tune's
+    plan.json and copies stay where the tune ran): explain's breaks, then the same rewrites."""
+    from torchkiln.diagnose.explain import explain
+    from torchkiln.repair.plan import build_plan
+
+    report = explain(
+        model, preset=args.preset, variant="inductor", recompiles=False, device=args.device
+    )
+    plan = build_plan(model, report.get("breaks") or [], out / "repair", "code")
+    fix = parse_variant(pick).fixes
+    if not all(f in plan["fixes"] for f in fix):
+        raise RuntimeError(
+            f"{model}: the rebuilt plan offers {plan['fixes']}, not the pick's {fix}"
+        )
+    return plan["path"]
+
+
+def add_plain_paired(args: argparse.Namespace, row: dict[str, Any], out: Path) -> dict[str, Any]:
+    """A kept row with the --plain-modes the tune did not measure (the autotuned ones) timed
+    against its pick, merged with the ones it did: the tune is not run again."""
+    model, pick = row["model"], row["pick"]
+    doc = json.loads((out / model / "results.json").read_text())
+    wanted = tuple(m for m in args.plain_modes.split(",") if m)
+    precisions = tuple(p for p in args.allow_precision.split(",") if p)
+    from_tune = plain_from_tune(doc, pick, wanted, precisions)
+    # every plain mode the tune did not measure (the autotuned ones; one it skipped for time)
+    rest = [
+        v
+        for v in plain_variants(args, pick, wanted)
+        if f"{parse_variant(v).backend.mode}@{parse_variant(v).precision}"
+        in from_tune["not_measured"]
+    ]
+    for v in rest:
+        from_tune["not_measured"].pop(
+            f"{parse_variant(v).backend.mode}@{parse_variant(v).precision}"
+        )
+    print(f"== {model}: {', '.join(rest)} against the pick {pick}", flush=True)
+    plan = (
+        rebuild_plan(args, model, pick, out / f"{model}-plain")
+        if parse_variant(pick).fixes
+        else None
+    )
+    paired = plain_against_pick(args, model, pick, plan, out / f"{model}-plain", rest)
+    paired.pop("environment", None)
+    row = {**row, "plain": merge_plain(from_tune, paired)}
+    finish_row(row)
+    return row
 
 
 def finish_row(row: dict[str, Any]) -> None:
@@ -349,6 +431,49 @@ def print_table(rows: list[dict[str, Any]], not_run: list[str], total_budget: st
     )
 
 
+def plain_only(
+    args: argparse.Namespace,
+    argv: list[str],
+    models: list[str],
+    out: Path,
+    kept: Path,
+    command: str,
+    t0: float,
+) -> int:
+    """--plain-only: the kept rows, each with the plain modes its tune did not measure timed
+    against its pick; a row whose plain trials were not run keeps its earlier comparison and
+    says why."""
+    earlier = json.loads(kept.read_text())
+    env = earlier.get("environment")
+    commands = (earlier.get("commands") or [earlier.get("command")]) + [command]
+    by_model = {r["model"]: r for r in earlier["rows"]}
+    todo = [m for m in models if (by_model.get(m) or {}).get("pick")]
+    rows: list[dict[str, Any]] = []
+    if args.jobs > 1 and args.part is None and todo:
+        part_rows, missed, _ = run_parts(args, argv, todo, out, env)
+        rows += part_rows
+        for m in missed:
+            rows.append({**by_model[m], "plain_paired_not_run": "its part left no row"})
+    else:
+        for m in todo:
+            if time.monotonic() - t0 > parse_budget(args.total_budget):
+                rows.append({**by_model[m], "plain_paired_not_run": "--total-budget spent"})
+            else:
+                rows.append(add_plain_paired(args, by_model[m], out))
+            write_doc(out, args.part, rows, [], commands, env, t0)
+    if args.part is not None:
+        write_doc(out, args.part, rows, [], commands, env, t0)
+        return 0
+    done = {r["model"] for r in rows}
+    rows += [r for r in earlier["rows"] if r["model"] not in done]
+    order = {m: i for i, m in enumerate(ZOO)}
+    rows.sort(key=lambda r: order.get(r["model"], len(order)))
+    t0 -= earlier.get("wall_s") or 0.0  # the tunes' wall time is part of the run's
+    write_doc(out, None, rows, earlier.get("not_run", []), commands, env, t0)
+    print_table(rows, earlier.get("not_run", []), args.total_budget)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="benchmarks/results/repair/h200")
@@ -392,6 +517,13 @@ def main(argv: list[str] | None = None) -> int:
         help="run nothing: recompute each row's plain comparison and the goals from "
         "OUT/<model>/results.json and rewrite OUT/bench_repair.json",
     )
+    ap.add_argument(
+        "--plain-only",
+        action="store_true",
+        help="run no tune: time the --plain-modes the tunes did not measure (the autotuned "
+        "ones) against each kept row's pick, paired in one process, and judge the goals over "
+        "all four modes; rewrites OUT/bench_repair.json",
+    )
     ap.add_argument("--part", type=int, default=None, help=argparse.SUPPRESS)
     argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
@@ -424,6 +556,8 @@ def main(argv: list[str] | None = None) -> int:
         rejudge(args, rows, out)
         models = []
         t0 -= earlier.get("wall_s") or 0.0  # the run's own wall time, not this rewrite's
+    if args.plain_only:
+        return plain_only(args, argv, models, out, kept, commands[-1], t0)
     if args.jobs > 1 and args.part is None and models:
         part_rows, not_run, env = run_parts(args, argv, models, out, env)
         rows += part_rows
