@@ -431,6 +431,25 @@ def print_table(rows: list[dict[str, Any]], not_run: list[str], total_budget: st
     )
 
 
+def recovered_parts(out: Path) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Rows a stopped --plain-only run's parts had finished (OUT/bench_repair.part-K.json, each
+    written after every model), so a rerun measures only what is missing; the files are
+    removed once read. Also the parts' own commands."""
+    rows: dict[str, dict[str, Any]] = {}
+    commands: list[str] = []
+    for path in sorted(out.glob("bench_repair.part-*.json")):
+        part = json.loads(path.read_text())
+        if part.get("command") and part["command"] not in commands:
+            commands.append(part["command"])
+        for r in part.get("rows", []):
+            if r.get("pick") and not r.get("plain_paired_not_run"):
+                rows[r["model"]] = r
+        path.unlink()
+    if rows:
+        print(f"recovered from a stopped run's parts: {', '.join(sorted(rows))}", flush=True)
+    return rows, commands
+
+
 def plain_only(
     args: argparse.Namespace,
     argv: list[str],
@@ -447,7 +466,10 @@ def plain_only(
     env = earlier.get("environment")
     commands = (earlier.get("commands") or [earlier.get("command")]) + [command]
     by_model = {r["model"]: r for r in earlier["rows"]}
-    todo = [m for m in models if (by_model.get(m) or {}).get("pick")]
+    recovered, their_commands = recovered_parts(out) if args.part is None else ({}, [])
+    by_model |= recovered
+    commands[-1:-1] = their_commands
+    todo = [m for m in models if (by_model.get(m) or {}).get("pick") and m not in recovered]
     rows: list[dict[str, Any]] = []
     if args.jobs > 1 and args.part is None and todo:
         part_rows, missed, _ = run_parts(args, argv, todo, out, env)
@@ -465,7 +487,7 @@ def plain_only(
         write_doc(out, args.part, rows, [], commands, env, t0)
         return 0
     done = {r["model"] for r in rows}
-    rows += [r for r in earlier["rows"] if r["model"] not in done]
+    rows += [r for m, r in by_model.items() if m not in done]
     order = {m: i for i, m in enumerate(ZOO)}
     rows.sort(key=lambda r: order.get(r["model"], len(order)))
     t0 -= earlier.get("wall_s") or 0.0  # the tunes' wall time is part of the run's
@@ -503,6 +525,11 @@ def main(argv: list[str] | None = None) -> int:
         help="keep the rows of OUT/bench_repair.json and run only the models it has no pick "
         "for: a run split over several GPU sessions (each under its own time limit) judges "
         "the goals over every model",
+    )
+    ap.add_argument(
+        "--redo",
+        default="",
+        help="with --resume: tune these models again (comma-separated) even though a row is kept",
     )
     ap.add_argument(
         "--jobs",
@@ -545,6 +572,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = [r for r in earlier.get("rows", []) if r.get("pick")]
         commands = earlier.get("commands") or [earlier.get("command")]
         env = earlier.get("environment")
+        redo = {m for m in args.redo.split(",") if m}
+        rows = [r for r in rows if r["model"] not in redo]
         done = {r["model"] for r in rows}
         print(f"kept from {kept}: {', '.join(sorted(done)) or 'nothing'}", flush=True)
         models = [m for m in models if m not in done]

@@ -200,3 +200,27 @@ def test_a_phase_hands_its_turn_on_only_once_its_gpu_work_is_done(monkeypatch):
     calls.clear()
     worker.Phases(None)("measure")  # a trial alone takes no turns and waits for nothing
     assert calls == []
+
+
+def test_a_search_with_several_slots_takes_its_turns_on_the_shared_file(tmp_path, monkeypatch):
+    # With KILN_HOST_TURNS set, the search's in-flight trials take turns on that file (with
+    # the other kiln processes of the host), not on a private one, and it is left in place.
+    from torchkiln.runner.launch import executors
+    from torchkiln.runner.launch.host_lock import HOST_TURNS_ENV
+
+    turns = tmp_path / "turns.lock"
+    turns.write_text("")
+    monkeypatch.setenv(HOST_TURNS_ENV, str(turns))
+    specs = [TrialSpec("w.py:f", f"v{i}", index=i) for i in range(3)]
+    seen: list[str | None] = []
+
+    def run_one(spec, gpu, host_lock=None):
+        seen.append(host_lock)
+        return {"status": "ok", "variant": spec.variant}
+
+    done: list[str] = []
+    items = iter([(s.variant, s) for s in specs])
+    executors.stream([None, None], lambda: next(items, None), run_one, lambda t, r: done.append(t))
+    assert sorted(done) == ["v0", "v1", "v2"]
+    assert seen == [str(turns)] * 3
+    assert turns.exists()

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchkiln.errors import KilnUserError, MissingExtraError, require
-from torchkiln.runner.launch.host_lock import remove_lock_files
+from torchkiln.runner.launch.host_lock import host_turns, remove_lock_files
 from torchkiln.runner.launch.orphan import stop_trials, trials_may_run
 from torchkiln.runner.protocol.trial import TrialSpec, base_result
 
@@ -191,7 +191,10 @@ def stream(
         while (item := next_trial()) is not None:
             on_done(item[0], _call(run_one, item[1], slots[0] if slots else None))
         return
-    lock = host_lock_file()
+    # Several kiln processes on this host (KILN_HOST_TURNS) share one turns file: this search's
+    # trials then take turns with the others' too, not only among themselves.
+    shared = host_turns()
+    lock = shared or host_lock_file()
     free = list(slots)
     running: dict[Future, tuple[Any, int | None]] = {}
     stopped = False
@@ -219,7 +222,8 @@ def stream(
     finally:
         if stopped:
             trials_may_run()
-        remove_lock_files(lock)
+        if not shared:
+            remove_lock_files(lock)
 
 
 def _ray_trial(run_one: RunOne, spec: TrialSpec) -> dict[str, Any]:
