@@ -134,8 +134,9 @@ def tune_stream(
         raise KilnUserError("--stream tunes inference only: use --step infer")
     items = load_stream(workload, preset, batch_size, stream, stream_len)
     no_buckets = _bucketing_refused(items)
+    # bucketing and marking dims dynamic both need an input dim that follows a varying size
     plan: list[StreamCandidate] = stream_candidates(
-        device, allow_precision, can_bucket=no_buckets is None
+        device, allow_precision, can_bucket=no_buckets is None, can_mark=no_buckets is None
     )
     base = {
         "workload": workload,

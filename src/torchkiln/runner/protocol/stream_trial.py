@@ -49,6 +49,17 @@ def _varying_dims(stream: Any) -> list[list[Any]] | None:
     return [[k, d, n] for k, ds in dims.items() for d, n in ds.items()]
 
 
+def _marks(stream: Any) -> list[tuple[Any, int]]:
+    """(input, dim) for each dim ``+mark_dynamic`` marks: those following a varying size."""
+    dims = _varying_dims(stream)
+    if not dims:
+        raise KilnUserError(
+            "+mark_dynamic needs a stream made from sizes (a trace or the workload's default "
+            "stream) with an input dim that follows a varying size"
+        )
+    return [(k, d) for k, d, _ in dims]
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     import copy
     import time
@@ -111,8 +122,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         run_candidate = bucketed
     else:
         compiled = variant.backend.wrap(model, compile_scope="model")
+        marks = _marks(stream) if cand.mark_dynamic else []
 
         def run_candidate(*args: Any, **kwargs: Any) -> Any:
+            for key, dim in marks:
+                # each request's own tensors are marked, as a server marks what it receives
+                torch._dynamo.mark_dynamic(kwargs[key] if isinstance(key, str) else args[key], dim)
             variant.backend.before_step()
             with precision_flags(variant.precision), autocast(device, variant.precision):
                 return compiled(*args, **kwargs)
@@ -137,7 +152,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         out["recompiles_after_warmup"] = stats["recompiles_after_warmup"]
         out["padding_waste"] = stats["padding_waste"]
         bucketed.close()
+    else:
+        out["padding_waste"] = 0.0  # nothing padded: comparable with a bucketed candidate's
     out["recompile_limit"] = cand.recompile_limit
+    out["mark_dynamic"] = cand.mark_dynamic
     out["varying_dims"] = _varying_dims(stream)
     # what the stream cost the candidate in all, a bucketed one's warm-up included
     out["total_s"] = out["time_per_item_s"] * out["items"] + setup.get("warmup_s", 0.0)
