@@ -206,6 +206,13 @@ def test_explain_on_a_stream_names_the_guard_dim_count_and_limit(tiny, tmp_path)
     assert g["count"] == 2 and g["fell_back_to_eager"] == 1
     assert rec["limit_hit"] is True
     assert "x dim 1 changed 2x" in p.stdout
+    cost = rec["stream_cost"]  # dynamo's tracing over the replay's seconds, and its verdicts
+    assert 0 <= cost["compile_share"] <= 1 and cost["total_s"] > 0
+    if cost["compile_share"] > 0.5:
+        assert cost["verdicts"][0].startswith("compilation dominates this stream")
+    else:
+        assert cost["verdicts"] == []
+    assert "of the replay" in p.stdout
 
 
 def test_explain_on_a_bad_stream_is_one_line_exit_2(tiny):

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkiln import __version__
+from torchkiln.diagnose.stream_cost import compile_share, stream_verdicts
 from torchkiln.errors import KilnUserError
 from torchkiln.measure.environment import collect as collect_environment
 from torchkiln.runner.protocol.trial import TRIAL_SCHEMA
@@ -167,6 +168,8 @@ def tune_stream(
         s = t["stream"]
         if s and "eager_time_per_item_s" in s:
             s["eager_total_s"] = s["eager_time_per_item_s"] * s["items"]
+        if s:
+            s["verdicts"] = stream_verdicts(s)
     selection = _select(trials)
     best = next((t for t in trials if t["variant"] == selection["best"]), None)
     if selection["best"] == "eager":
@@ -202,6 +205,7 @@ def tune_stream(
             "variant": best["variant"],
             "code": recommend.stream_code(best["variant"], best["stream"], device),
             "why": _why(best, selection),
+            "verdicts": (best["stream"] or {}).get("verdicts", []),
         },
         "trials": trials,
         "head_to_head_trials": [],
@@ -237,7 +241,7 @@ def _why(best: dict[str, Any], selection: dict[str, Any]) -> list[str]:
             f"shapes ({s.get('recompiles')} recompiles), {s.get('eager_fallbacks')} eager "
             f"fallbacks; after warm-up {s.get('steady_speedup', 0):.2f}x eager"
         )
-    return why
+    return why + stream_verdicts(s)
 
 
 def _num(x: Any) -> str:
@@ -251,16 +255,23 @@ def _report_md(doc: dict[str, Any]) -> str:
         f"{doc['stream']['items']} items. Pick: {doc['selection']['best'] or 'eager'}: "
         f"{doc['selection']['reason']}.",
         "",
-        "| candidate | status | total s | eager total s | steady x | compiles | recompiles |",
-        "|---|---|---|---|---|---|---|",
+        "| candidate | status | total s | eager total s | steady x | compiles | recompiles "
+        "| compile share | padding waste | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for t in doc["trials"]:
         s = t["stream"] or {}
+        share = compile_share(s)
         lines.append(
             f"| `{t['variant']}` | {t['status']} | {_num(s.get('total_s'))} | "
             f"{_num(s.get('eager_total_s'))} | {_num(s.get('steady_speedup'))} | "
-            f"{s.get('compiles', '')} | {s.get('recompiles', '')} |"
+            f"{s.get('compiles', '')} | {s.get('recompiles', '')} | "
+            f"{'' if share is None else f'{share:.0%}'} | {_num(s.get('padding_waste'))} | "
+            f"{'; '.join(s.get('verdicts') or [])} |"
         )
-    if doc["recommendation"]:
-        lines += ["", "```python", doc["recommendation"]["code"], "```"]
+    rec = doc["recommendation"]
+    if rec:
+        for v in rec.get("verdicts") or []:
+            lines += ["", f"The pick: {v}."]
+        lines += ["", "```python", rec["code"], "```"]
     return "\n".join(lines) + "\n"

@@ -10,6 +10,7 @@ gets the replay's measurements, or ``{"status": "error", "error": ...}`` with a 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
     import torch
 
+    from torchkiln.diagnose.stream_cost import stream_verdicts
     from torchkiln.measure import compile_watch
     from torchkiln.measure.stream_replay import replay
     from torchkiln.runner.protocol.settings import autocast, precision_flags
@@ -118,6 +120,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             "buckets": {k: list(v) for k, v in buckets.items()},
             "warmup_s": time.perf_counter() - t0,
             "warmup_compiles": done["compiles"],
+            "warmup_compile_time_s": done["compile_time_s"],
         }
         run_candidate = bucketed
     else:
@@ -151,6 +154,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         out["eager_fallbacks"] = stats["eager_fallbacks"]
         out["recompiles_after_warmup"] = stats["recompiles_after_warmup"]
         out["padding_waste"] = stats["padding_waste"]
+        if setup["warmup_compiles"]:
+            # the first item compiled nothing (warm-up did): the graphs per bucket instead
+            combos = math.prod(len(b) for b in buckets.values())
+            out["graphs_per_item"] = max(1, math.ceil(setup["warmup_compiles"] / combos))
         bucketed.close()
     else:
         out["padding_waste"] = 0.0  # nothing padded: comparable with a bucketed candidate's
@@ -160,6 +167,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     # what the stream cost the candidate in all, a bucketed one's warm-up included
     out["total_s"] = out["time_per_item_s"] * out["items"] + setup.get("warmup_s", 0.0)
     out["status"] = "ok" if not out["mismatched_items"] else "incorrect"
+    out["verdicts"] = stream_verdicts(out)
     return out
 
 
