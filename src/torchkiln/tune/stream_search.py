@@ -10,17 +10,15 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from torchkiln import __version__
 from torchkiln.diagnose.stream_cost import compile_share, stream_verdicts
 from torchkiln.errors import KilnUserError
-from torchkiln.measure.environment import collect as collect_environment
 from torchkiln.runner.protocol.trial import TRIAL_SCHEMA
 from torchkiln.runner.protocol.worker import write_json
 from torchkiln.tune import recommend
+from torchkiln.tune.results_header import results_header
 from torchkiln.tune.stream_plan import StreamCandidate, stream_candidates
 from torchkiln.tune.time_spent import time_spent
 
-TUNE_SCHEMA = "torchkiln.tune/1"
 MIN_TRIAL_S = 10.0  # less than this left: the next trial could not finish its compiles
 
 
@@ -175,19 +173,17 @@ def tune_stream(
     if selection["best"] == "eager":
         best = {"variant": "eager", "stream": {}}
     doc: dict[str, Any] = {
-        "schema": TUNE_SCHEMA,
-        "kiln_version": __version__,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "workload": workload,
-        "step": step,
-        "device": device,
-        "preset": preset,
-        "batch_size": batch_size,
-        "budget_s": budget_s,
-        "steps": None,
-        "allow_precision": sorted(allow_precision),
+        **results_header(
+            workload=workload,
+            step=step,
+            device=device,
+            preset=preset,
+            batch_size=batch_size,
+            budget_s=budget_s,
+            steps=None,
+            allow_precision=allow_precision,
+        ),
         "stream": {**base, "items": len(items)},
-        "environment": collect_environment(device),
         "stages": {
             "environment": {"status": "skipped", "reason": "a stream tune"},
             "profile": {"status": "skipped", "reason": "a stream tune times the stream itself"},
