@@ -159,3 +159,25 @@ def test_simple_default_stream_mixes_three_resolutions():
     s = workload_stream(load_workload("simple", preset="tiny"), length=30)
     assert len(s) == 30
     assert {x[0].shape[-1] for x in s} == {24, 32, 40}
+
+
+def test_gpt2_default_stream_varies_the_sequence_at_the_preset_batch():
+    pytest.importorskip("transformers")
+    from torchkiln.workloads.loader import load_workload
+    from torchkiln.workloads.stream import workload_stream
+
+    w = load_workload("gpt2", preset="tiny")
+    assert w.model.config.use_cache is False  # logits alone, as the fixed-input workload
+    limit = w.size_limits["seq"]
+    assert limit == w.model.config.n_positions
+    s = workload_stream(w, None, 40)
+    assert len(s) == 40
+    assert {x["batch"] for x in s.sizes} == {2}
+    seqs = [x["seq"] for x in s.sizes]
+    assert len(set(seqs)) > 10 and max(seqs) <= limit
+    assert s.items[0]["input_ids"].shape == (2, seqs[0])
+    w.model.eval()
+    with torch.no_grad():
+        out = w.model(**s.items[0])
+    assert out.logits.shape == (2, seqs[0], w.model.config.vocab_size)
+    assert getattr(out, "past_key_values", None) is None

@@ -58,6 +58,7 @@ def test_the_plan_holds_every_shape_candidate():
     assert cpu == [
         "inductor:dynamic=true",
         "inductor",
+        "inductor+mark_dynamic",
         "inductor:dynamic=false+recompile_limit=64",
         "inductor:dynamic=false+bucket=pow2",
         "inductor:dynamic=false+bucket=learned",
@@ -65,12 +66,45 @@ def test_the_plan_holds_every_shape_candidate():
     gpu = [c.name for c in stream_candidates("cuda", {"bf16"}, can_bucket=False)]
     assert "inductor:mode=reduce-overhead,dynamic=true+bf16" in gpu
     assert "inductor:mode=reduce-overhead+bf16" in gpu
+    assert "inductor:mode=reduce-overhead+bf16+mark_dynamic" in gpu
+    assert "inductor+bf16+mark_dynamic" in gpu
     assert not any("bucket" in n for n in gpu)
-    assert len(gpu) == 2 * 2 * 3  # fp32 and bf16, two modes, three ways
+    assert len(gpu) == 2 * 2 * 4  # fp32 and bf16, two modes, four ways
+    unsized = stream_candidates("cpu", set(), can_bucket=False, can_mark=False)
+    assert not any("mark_dynamic" in c.name or "bucket" in c.name for c in unsized)
     for n in cpu + gpu:
         assert parse_stream_candidate(n).name == n
     with pytest.raises(KilnUserError, match="bucket must be one of"):
         parse_stream_candidate("inductor+bucket=cubes")
+    assert parse_stream_candidate("inductor+mark_dynamic+bf16").mark_dynamic
+    for bad, needle in [
+        ("inductor:dynamic=false+mark_dynamic", "dynamic left unset"),
+        ("eager+mark_dynamic", "dynamic left unset"),
+        ("inductor+mark_dynamic+bucket=pow2", "exclude each other"),
+        ("inductor+mark_dynamic=1", "takes no value"),
+    ]:
+        with pytest.raises(KilnUserError, match=needle):
+            parse_stream_candidate(bad)
+
+
+def test_mark_dynamic_compiles_one_graph_over_three_shapes_and_matches_eager(tiny):
+    from torchkiln.cli_stream import run_stream_trial
+
+    factory, trace = tiny
+    spec = {"workload": factory, "preset": "tiny", "device": "cpu", "stream": str(trace)}
+    marked = run_stream_trial({**spec, "variant": "inductor+mark_dynamic"}, 300)
+    auto = run_stream_trial({**spec, "variant": "inductor"}, 300)
+    for r in (marked, auto):
+        assert r["status"] == "ok", r
+        assert r["mismatched_items"] == [] and r["distinct_shapes"] == 3
+        assert r["padding_waste"] == 0.0  # nothing padded
+    assert marked["mark_dynamic"] is True and auto["mark_dynamic"] is False
+    if marked["compiles"] is not None:
+        # dynamo's counters: one dynamic graph from the first call; automatic dynamic compiles
+        # a static graph first and recompiles at the first change of seq
+        assert marked["compiles"] == 1 and marked["recompiles"] == 0
+        assert auto["compiles"] == 2
+    assert marked["eager_fallbacks"] == 0
 
 
 def test_bucketed_trial_compiles_once_per_bucket_and_not_after_warmup(tiny):
@@ -149,6 +183,12 @@ def test_code_for_a_bucketed_and_a_dynamic_pick():
     assert "torch._dynamo.mark_dynamic(args[0], 1)  # seq" in code
     code = stream_code("inductor:dynamic=false+recompile_limit=64", metrics, "cpu")
     assert "setattr(torch._dynamo.config, limit, 64)" in code
+    code = stream_code("inductor+bf16+mark_dynamic", metrics, "cuda")
+    assert "torch._dynamo.mark_dynamic(args[0], 1)  # seq" in code
+    assert "optional" not in code and "run = torch.compile(model)" in code
+    kw = {"varying_dims": [["input_ids", 1, "seq"]]}
+    code = stream_code("inductor+mark_dynamic", kw, "cpu")
+    assert 'torch._dynamo.mark_dynamic(kwargs["input_ids"], 1)  # seq' in code
 
 
 def test_explain_on_a_stream_names_the_guard_dim_count_and_limit(tiny, tmp_path):
@@ -166,6 +206,13 @@ def test_explain_on_a_stream_names_the_guard_dim_count_and_limit(tiny, tmp_path)
     assert g["count"] == 2 and g["fell_back_to_eager"] == 1
     assert rec["limit_hit"] is True
     assert "x dim 1 changed 2x" in p.stdout
+    cost = rec["stream_cost"]  # dynamo's tracing over the replay's seconds, and its verdicts
+    assert 0 <= cost["compile_share"] <= 1 and cost["total_s"] > 0
+    if cost["compile_share"] > 0.5:
+        assert cost["verdicts"][0].startswith("compilation dominates this stream")
+    else:
+        assert cost["verdicts"] == []
+    assert "of the replay" in p.stdout
 
 
 def test_explain_on_a_bad_stream_is_one_line_exit_2(tiny):

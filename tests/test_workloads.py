@@ -72,7 +72,7 @@ def test_user_module_spec():
 @pytest.mark.parametrize(
     "spec, expect",
     [
-        ("no-such-model", "choose from ['bert-base', 'resnet50', 'simple'"),
+        ("no-such-model", "choose from ['bert-base', 'gpt2', 'resnet50', 'simple'"),
         ("missing/file.py:factory", "does not exist"),
         (f"{FIXTURES}:nope", "has no attribute 'nope'"),
         (f"{FIXTURES}:broken_factory", "the factory itself is broken"),

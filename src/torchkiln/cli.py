@@ -212,7 +212,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if wants_stream(args):
             from torchkiln.tune.stream_plan import parse_stream_candidate
 
-            parse_stream_candidate(spec)  # a stream takes +bucket= and +recompile_limit= too
+            parse_stream_candidate(spec)  # a stream takes its modifiers too (stream_plan)
         else:
             parse_variant(spec)
     check_inputs(args, dirs=("out", "cache_dir"), files=("json_path",))

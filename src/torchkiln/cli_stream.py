@@ -138,3 +138,6 @@ def _render(doc: dict[str, Any]) -> None:
             str(t["eager_fallbacks"]),
         )
         print("  ".join(f"{c:>10}" for c in row))
+    for t in doc["trials"]:
+        for v in t.get("verdicts") or []:  # diagnose.stream_cost: what dominated the stream
+            print(f"{t['variant']}: {v}")

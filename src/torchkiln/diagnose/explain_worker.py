@@ -204,10 +204,13 @@ def _recompile_phase(
     torch._dynamo.reset()
     from torch._dynamo.utils import guard_failures  # reset() clears it; imported after
 
+    from torchkiln.measure import compile_watch
+
     collector = BreakCollector()
     collector.attach()
     recorder = GraphRecorder(count_ops=False)
     steps = []
+    before_all, t0 = compile_watch.snapshot(), time.perf_counter()
     try:
         compiled = torch.compile(model, backend=recorder, dynamic=dynamic)
         for label, inputs in sets:
@@ -239,13 +242,27 @@ def _recompile_phase(
             )
     finally:
         collector.detach()
+    wall_s = time.perf_counter() - t0
     summary = summarize(source, steps, collector.limit_warnings, getattr(dconfig, limit_name))
+    if req.get("stream") or req.get("stream_len"):
+        summary["stream_cost"] = _stream_cost(
+            compile_watch.delta(before_all, compile_watch.snapshot()), wall_s
+        )
     if len(sets) > 1 and _same_shapes(sets):
         summary["note"] = (
             "every run had the same input shapes: the workload's factory ignores batch_size "
             "(accept a `batch_size` argument, or give the workload an input_stream)"
         )
     return summary
+
+
+def _stream_cost(counts: dict[str, Any], wall_s: float) -> dict[str, Any]:
+    """Dynamo's tracing seconds over the replay's: explain runs no code generation, so this is a
+    lower bound of what compiling costs the stream under Inductor."""
+    from torchkiln.diagnose.stream_cost import compile_share, stream_verdicts
+
+    m = {"compile_time_s": counts["compile_time_s"], "total_s": wall_s}
+    return {**m, "compile_share": compile_share(m), "verdicts": stream_verdicts(m)}
 
 
 def _cudagraph_phase(model: Any, inputs: Any, req: dict[str, Any], step: str) -> dict[str, Any]:

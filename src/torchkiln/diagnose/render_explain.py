@@ -100,6 +100,14 @@ def _render_recompiles(con: Console, rec: dict[str, Any] | None) -> None:
             con.print(f"  [bold green]fix:[/] [green]{escape(fix)}[/]")
     if rec.get("warning"):
         con.print(f"[bold red]warning:[/] {escape(rec['warning'])}")
+    cost = rec.get("stream_cost") or {}
+    if cost.get("compile_share") is not None:
+        con.print(
+            f"  Dynamo's tracing took {cost['compile_share']:.0%} of the replay "
+            "(a lower bound: Inductor's code generation, not run by explain, comes on top)"
+        )
+    for v in cost.get("verdicts") or []:
+        con.print(f"[bold red]verdict:[/] {escape(v)}")
 
 
 def _render_cudagraphs(con: Console, cg: dict[str, Any] | None) -> None:

@@ -83,6 +83,8 @@ def replay(
             out, tc = _timed(candidate, x, device)
         t_e.append(te)
         t_c.append(tc)
+        if i == 0:
+            first_item = compile_watch.delta(before, compile_watch.snapshot())
         if check is not None and not check(out, ref):
             mismatched.append(i)
     counts = compile_watch.delta(before, compile_watch.snapshot())
@@ -109,6 +111,9 @@ def replay(
         "eager_fallbacks": counts["eager_fallbacks"],
         "compiles": counts["compiles"],
         "recompiles": None if counts["compiles"] is None else max(0, counts["compiles"] - 1),
+        # the graphs one item runs through: what the first item compiled (more than one when
+        # the model has graph breaks), each recorded once per shape under CUDA graphs
+        "graphs_per_item": first_item["compiles"],
         "graph_breaks": counts["graph_breaks"],
         "cudagraph_recordings": counts["cudagraph_recordings"],
         "peak_memory_bytes": int(torch.cuda.max_memory_allocated())

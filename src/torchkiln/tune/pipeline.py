@@ -12,9 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from torchkiln import __version__
 from torchkiln.errors import KilnUserError
-from torchkiln.measure.environment import collect as collect_environment
 from torchkiln.repair import judge as repair_judge
 from torchkiln.repair.arm import PLAN_KEY
 from torchkiln.repair.plan import check_mode as check_fix_mode
@@ -39,6 +37,7 @@ from torchkiln.tune.limits import (
     stop_note,
 )
 from torchkiln.tune.queue import SearchQueue
+from torchkiln.tune.results_header import results_header
 from torchkiln.tune.search import (
     Candidate,
     Evidence,
@@ -49,7 +48,6 @@ from torchkiln.tune.select import finalists, select
 from torchkiln.tune.select import leader as current_leader
 from torchkiln.tune.time_spent import StageClock, stage_seconds, time_spent
 
-TUNE_SCHEMA = "torchkiln.tune/1"
 # The graph-break stage's least time when remedies are searched: a 45 s GPU tune left explain
 # a quarter of what was left, too little to trace a model in a fresh process.
 EXPLAIN_FLOOR_S = 30.0
@@ -436,19 +434,18 @@ def tune(
     )
     best = selection.best
     doc = {
-        "schema": TUNE_SCHEMA,
-        "kiln_version": __version__,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "workload": workload,
-        "step": step,
-        "device": device,
-        "preset": preset,
-        "batch_size": batch_size,
-        "budget_s": budget_s,
-        "steps": steps,
-        "allow_precision": sorted(allow_precision),
+        **results_header(
+            workload=workload,
+            step=step,
+            device=device,
+            preset=preset,
+            batch_size=batch_size,
+            budget_s=budget_s,
+            steps=steps,
+            allow_precision=allow_precision,
+            environment=eager.get("environment") or None,
+        ),
         "wall_s": time.monotonic() - t0,
-        "environment": eager.get("environment") or collect_environment(device),
         "stages": stages,
         "selection": selection.to_dict(),
         "recommendation": None

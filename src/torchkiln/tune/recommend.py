@@ -325,7 +325,13 @@ def stream_code(name: str, metrics: dict[str, Any], device: str) -> str:
         else None
     )
     body = []
-    if getattr(v.backend, "dynamic", "auto") == "auto" and dims:
+    if c.mark_dynamic and dims:
+        body.append("    # as measured: the varying sizes marked dynamic on each request's inputs,")
+        body.append("    # so the first call compiles one dynamic graph and no shape recompiles")
+        body += [
+            f"    torch._dynamo.mark_dynamic({_input_name(k)}, {d})  # {sym}" for k, d, sym in dims
+        ]
+    elif getattr(v.backend, "dynamic", "auto") == "auto" and dims:
         body.append(
             "    # optional: the sizes that vary, marked dynamic up front (otherwise the first"
         )

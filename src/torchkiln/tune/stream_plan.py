@@ -5,7 +5,10 @@ A stream candidate is a variant spec with, optionally, one stream-only modifier 
 - ``+recompile_limit=N``: dynamo may compile N graphs per frame before it runs the frame eagerly;
 - ``+bucket=pow2`` / ``+bucket=learned``: inputs padded up to bucket sizes by
   ``torchkiln.serve.BucketedModule`` (powers of two, or sizes learned from the stream's warm-up
-  part), one compile per bucket, all of them before the stream starts.
+  part), one compile per bucket, all of them before the stream starts;
+- ``+mark_dynamic``: ``torch._dynamo.mark_dynamic`` on each input dim that follows a varying size,
+  before each call, with ``dynamic`` left unset: one dynamic graph from the first call on, where
+  automatic dynamic compiles a static graph first and recompiles at the first change.
 """
 
 from __future__ import annotations
@@ -25,23 +28,31 @@ class StreamCandidate:
     variant: str  # the variant spec, without the stream-only modifier
     recompile_limit: int | None = None
     bucket: str | None = None
+    mark_dynamic: bool = False
 
     @property
     def name(self) -> str:
         if self.bucket:
             return f"{self.variant}+bucket={self.bucket}"
+        name = self.variant
         if self.recompile_limit:
-            return f"{self.variant}+recompile_limit={self.recompile_limit}"
-        return self.variant
+            name += f"+recompile_limit={self.recompile_limit}"
+        if self.mark_dynamic:
+            name += "+mark_dynamic"
+        return name
 
 
 def parse_stream_candidate(name: str) -> StreamCandidate:
     """``inductor:dynamic=false+bf16+bucket=pow2`` -> the variant and its stream modifier."""
     parts = name.split("+")
-    keep, limit, bucket = [], None, None
+    keep, limit, bucket, mark = [], None, None, False
     for p in parts:
         key, _, value = p.partition("=")
-        if key == "recompile_limit":
+        if p == "mark_dynamic":
+            mark = True
+        elif key == "mark_dynamic":
+            raise KilnUserError(f"{name!r}: +mark_dynamic takes no value")
+        elif key == "recompile_limit":
             if not value.isdigit() or int(value) < 1:
                 raise KilnUserError(f"{name!r}: recompile_limit must be a positive integer")
             limit = int(value)
@@ -51,16 +62,25 @@ def parse_stream_candidate(name: str) -> StreamCandidate:
             bucket = value
         else:
             keep.append(p)
-    variant = parse_variant("+".join(keep)).spec
-    return StreamCandidate(variant, limit, bucket)
+    v = parse_variant("+".join(keep))
+    if mark:
+        if bucket:
+            raise KilnUserError(f"{name!r}: +mark_dynamic and +bucket= exclude each other")
+        if getattr(v.backend, "dynamic", None) != "auto":
+            raise KilnUserError(
+                f"{name!r}: +mark_dynamic takes a compiling variant with dynamic left unset, "
+                "such as inductor or inductor:mode=reduce-overhead"
+            )
+    return StreamCandidate(v.spec, limit, bucket, mark)
 
 
 def stream_candidates(
-    device: str, allow_precision: set[str], *, can_bucket: bool = True
+    device: str, allow_precision: set[str], *, can_bucket: bool = True, can_mark: bool = True
 ) -> list[StreamCandidate]:
-    """dynamic=true, automatic dynamic (dynamic left unset), static with a raised recompile
-    limit and (``can_bucket``) padding to buckets, each under default and reduce-overhead (on
-    CUDA), at fp32 and each allowed precision."""
+    """dynamic=true, automatic dynamic (dynamic left unset), (``can_mark``) the varying dims
+    marked dynamic, static with a raised recompile limit and (``can_bucket``) padding to
+    buckets, each under default and reduce-overhead (on CUDA), at fp32 and each allowed
+    precision. Marking and bucketing need a stream made from sizes, one of them varying."""
     modes = ["default", "reduce-overhead"] if device.startswith("cuda") else ["default"]
     allowed = sorted(p for p in allow_precision if p in ("bf16", "fp16", "tf32"))
     # on a GPU an allowed 16-bit precision first, as the fixed-input search leads with it
@@ -73,7 +93,10 @@ def stream_candidates(
             head = "inductor" + ("" if mode == "default" else f":mode={mode}")
             sep = "," if ":" in head else ":"
             out.append(StreamCandidate(parse_variant(f"{head}{sep}dynamic=true{tail}").spec))
-            out.append(StreamCandidate(parse_variant(f"{head}{tail}").spec))
+            auto = parse_variant(f"{head}{tail}").spec
+            out.append(StreamCandidate(auto))
+            if can_mark:
+                out.append(StreamCandidate(auto, mark_dynamic=True))
             static = parse_variant(f"{head}{sep}dynamic=false{tail}").spec
             out.append(StreamCandidate(static, recompile_limit=RAISED_RECOMPILE_LIMIT))
             if can_bucket:

@@ -10,16 +10,15 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from torchkiln import __version__
+from torchkiln.diagnose.stream_cost import compile_share, stream_verdicts
 from torchkiln.errors import KilnUserError
-from torchkiln.measure.environment import collect as collect_environment
 from torchkiln.runner.protocol.trial import TRIAL_SCHEMA
 from torchkiln.runner.protocol.worker import write_json
 from torchkiln.tune import recommend
+from torchkiln.tune.results_header import results_header
 from torchkiln.tune.stream_plan import StreamCandidate, stream_candidates
 from torchkiln.tune.time_spent import time_spent
 
-TUNE_SCHEMA = "torchkiln.tune/1"
 MIN_TRIAL_S = 10.0  # less than this left: the next trial could not finish its compiles
 
 
@@ -134,8 +133,9 @@ def tune_stream(
         raise KilnUserError("--stream tunes inference only: use --step infer")
     items = load_stream(workload, preset, batch_size, stream, stream_len)
     no_buckets = _bucketing_refused(items)
+    # bucketing and marking dims dynamic both need an input dim that follows a varying size
     plan: list[StreamCandidate] = stream_candidates(
-        device, allow_precision, can_bucket=no_buckets is None
+        device, allow_precision, can_bucket=no_buckets is None, can_mark=no_buckets is None
     )
     base = {
         "workload": workload,
@@ -166,24 +166,24 @@ def tune_stream(
         s = t["stream"]
         if s and "eager_time_per_item_s" in s:
             s["eager_total_s"] = s["eager_time_per_item_s"] * s["items"]
+        if s:
+            s["verdicts"] = stream_verdicts(s)
     selection = _select(trials)
     best = next((t for t in trials if t["variant"] == selection["best"]), None)
     if selection["best"] == "eager":
         best = {"variant": "eager", "stream": {}}
     doc: dict[str, Any] = {
-        "schema": TUNE_SCHEMA,
-        "kiln_version": __version__,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "workload": workload,
-        "step": step,
-        "device": device,
-        "preset": preset,
-        "batch_size": batch_size,
-        "budget_s": budget_s,
-        "steps": None,
-        "allow_precision": sorted(allow_precision),
+        **results_header(
+            workload=workload,
+            step=step,
+            device=device,
+            preset=preset,
+            batch_size=batch_size,
+            budget_s=budget_s,
+            steps=None,
+            allow_precision=allow_precision,
+        ),
         "stream": {**base, "items": len(items)},
-        "environment": collect_environment(device),
         "stages": {
             "environment": {"status": "skipped", "reason": "a stream tune"},
             "profile": {"status": "skipped", "reason": "a stream tune times the stream itself"},
@@ -201,6 +201,7 @@ def tune_stream(
             "variant": best["variant"],
             "code": recommend.stream_code(best["variant"], best["stream"], device),
             "why": _why(best, selection),
+            "verdicts": (best["stream"] or {}).get("verdicts", []),
         },
         "trials": trials,
         "head_to_head_trials": [],
@@ -236,7 +237,7 @@ def _why(best: dict[str, Any], selection: dict[str, Any]) -> list[str]:
             f"shapes ({s.get('recompiles')} recompiles), {s.get('eager_fallbacks')} eager "
             f"fallbacks; after warm-up {s.get('steady_speedup', 0):.2f}x eager"
         )
-    return why
+    return why + stream_verdicts(s)
 
 
 def _num(x: Any) -> str:
@@ -250,16 +251,23 @@ def _report_md(doc: dict[str, Any]) -> str:
         f"{doc['stream']['items']} items. Pick: {doc['selection']['best'] or 'eager'}: "
         f"{doc['selection']['reason']}.",
         "",
-        "| candidate | status | total s | eager total s | steady x | compiles | recompiles |",
-        "|---|---|---|---|---|---|---|",
+        "| candidate | status | total s | eager total s | steady x | compiles | recompiles "
+        "| compile share | padding waste | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for t in doc["trials"]:
         s = t["stream"] or {}
+        share = compile_share(s)
         lines.append(
             f"| `{t['variant']}` | {t['status']} | {_num(s.get('total_s'))} | "
             f"{_num(s.get('eager_total_s'))} | {_num(s.get('steady_speedup'))} | "
-            f"{s.get('compiles', '')} | {s.get('recompiles', '')} |"
+            f"{s.get('compiles', '')} | {s.get('recompiles', '')} | "
+            f"{'' if share is None else f'{share:.0%}'} | {_num(s.get('padding_waste'))} | "
+            f"{'; '.join(s.get('verdicts') or [])} |"
         )
-    if doc["recommendation"]:
-        lines += ["", "```python", doc["recommendation"]["code"], "```"]
+    rec = doc["recommendation"]
+    if rec:
+        for v in rec.get("verdicts") or []:
+            lines += ["", f"The pick: {v}."]
+        lines += ["", "```python", rec["code"], "```"]
     return "\n".join(lines) + "\n"

@@ -13,6 +13,7 @@ _SIZES = {
     "simple": {"full": (32, 224), "tiny": (4, 32)},
     "resnet50": {"full": (32, 224), "tiny": (2, 64)},
     "bert-base": {"full": (16, 128), "tiny": (2, 32)},
+    "gpt2": {"full": (8, 512), "tiny": (2, 32)},
 }
 
 
@@ -138,6 +139,53 @@ def bert_base(preset: str = "full", batch_size: int | None = None, step: str = "
         name="bert-base",
         step=step,
         description="BERT-base sequence classification",
+        meta={"batch": batch, "seq_len": seq},
+    )
+
+
+@register_workload(
+    "gpt2",
+    description="transformers GPT2LMHeadModel(GPT2Config()), use_cache off, random weights",
+    extra="nlp",
+)
+def gpt2(preset: str = "full", batch_size: int | None = None, step: str = "infer") -> Workload:
+    """GPT-2 small as a decoder over whole sequences: ``use_cache = False``, so the output is the
+    logits alone (a key/value cache in the output is what torch.export refuses, and inference on
+    a stream of whole sequences never reads it back)."""
+    import torch
+
+    transformers = require("transformers", "nlp", "the gpt2 workload")
+    batch, seq = _size("gpt2", preset, batch_size)
+    if preset == "tiny":
+        # the same decoder, narrow and shallow; 256 positions keep its longest stream item
+        # quick on a CPU
+        config = transformers.GPT2Config(
+            n_layer=2, n_head=2, n_embd=64, vocab_size=512, n_positions=256,
+            bos_token_id=511, eos_token_id=511,
+        )  # fmt: skip
+    else:
+        config = transformers.GPT2Config()
+    config.use_cache = False
+    model = transformers.GPT2LMHeadModel(config)
+
+    def make_inputs(batch: int, seq: int) -> dict[str, Any]:
+        return {"input_ids": torch.randint(0, config.vocab_size, (batch, seq))}
+
+    inputs = make_inputs(batch, seq)
+    if step == "train":
+        inputs["labels"] = inputs["input_ids"].clone()  # next-token loss, shifted by the model
+
+    from torchkiln.workloads.stream import lognormal_seq_sizes
+
+    return Workload(
+        make_inputs=make_inputs,
+        size_limits={"seq": config.n_positions},
+        default_sizes=lambda n: lognormal_seq_sizes(n, batch=batch, max_seq=config.n_positions),
+        model=model,
+        example_inputs=inputs,
+        name="gpt2",
+        step=step,
+        description="GPT-2 small causal LM, use_cache off",
         meta={"batch": batch, "seq_len": seq},
     )
 

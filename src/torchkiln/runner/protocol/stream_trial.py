@@ -10,6 +10,7 @@ gets the replay's measurements, or ``{"status": "error", "error": ...}`` with a 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -49,12 +50,24 @@ def _varying_dims(stream: Any) -> list[list[Any]] | None:
     return [[k, d, n] for k, ds in dims.items() for d, n in ds.items()]
 
 
+def _marks(stream: Any) -> list[tuple[Any, int]]:
+    """(input, dim) for each dim ``+mark_dynamic`` marks: those following a varying size."""
+    dims = _varying_dims(stream)
+    if not dims:
+        raise KilnUserError(
+            "+mark_dynamic needs a stream made from sizes (a trace or the workload's default "
+            "stream) with an input dim that follows a varying size"
+        )
+    return [(k, d) for k, d, _ in dims]
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     import copy
     import time
 
     import torch
 
+    from torchkiln.diagnose.stream_cost import stream_verdicts
     from torchkiln.measure import compile_watch
     from torchkiln.measure.stream_replay import replay
     from torchkiln.runner.protocol.settings import autocast, precision_flags
@@ -107,12 +120,17 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             "buckets": {k: list(v) for k, v in buckets.items()},
             "warmup_s": time.perf_counter() - t0,
             "warmup_compiles": done["compiles"],
+            "warmup_compile_time_s": done["compile_time_s"],
         }
         run_candidate = bucketed
     else:
         compiled = variant.backend.wrap(model, compile_scope="model")
+        marks = _marks(stream) if cand.mark_dynamic else []
 
         def run_candidate(*args: Any, **kwargs: Any) -> Any:
+            for key, dim in marks:
+                # each request's own tensors are marked, as a server marks what it receives
+                torch._dynamo.mark_dynamic(kwargs[key] if isinstance(key, str) else args[key], dim)
             variant.backend.before_step()
             with precision_flags(variant.precision), autocast(device, variant.precision):
                 return compiled(*args, **kwargs)
@@ -136,12 +154,20 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         out["eager_fallbacks"] = stats["eager_fallbacks"]
         out["recompiles_after_warmup"] = stats["recompiles_after_warmup"]
         out["padding_waste"] = stats["padding_waste"]
+        if setup["warmup_compiles"]:
+            # the first item compiled nothing (warm-up did): the graphs per bucket instead
+            combos = math.prod(len(b) for b in buckets.values())
+            out["graphs_per_item"] = max(1, math.ceil(setup["warmup_compiles"] / combos))
         bucketed.close()
+    else:
+        out["padding_waste"] = 0.0  # nothing padded: comparable with a bucketed candidate's
     out["recompile_limit"] = cand.recompile_limit
+    out["mark_dynamic"] = cand.mark_dynamic
     out["varying_dims"] = _varying_dims(stream)
     # what the stream cost the candidate in all, a bucketed one's warm-up included
     out["total_s"] = out["time_per_item_s"] * out["items"] + setup.get("warmup_s", 0.0)
     out["status"] = "ok" if not out["mismatched_items"] else "incorrect"
+    out["verdicts"] = stream_verdicts(out)
     return out
 
 

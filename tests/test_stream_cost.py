@@ -1,0 +1,65 @@
+"""The verdicts on a stream trial's costs: compilation dominating the stream's time, and CUDA
+graphs recorded more often than the stream's shapes (or buckets) need. Numbers are fed."""
+
+from torchkiln.diagnose.stream_cost import compile_share, needed_recordings, stream_verdicts
+
+
+def test_compilation_dominates_above_half_of_the_stream():
+    m = {"compile_time_s": 3.0, "total_s": 4.0, "cudagraph_recordings": None}
+    assert compile_share(m) == 0.75
+    assert stream_verdicts(m) == [
+        "compilation dominates this stream: 75% of its time (3.00 s of 4.00 s)"
+    ]
+    assert stream_verdicts({"compile_time_s": 2.0, "total_s": 4.0}) == []  # half: not over
+    assert stream_verdicts({"compile_time_s": None, "total_s": 4.0}) == []  # not timed here
+
+
+def test_a_bucketed_warmup_compile_counts_toward_the_share():
+    m = {"compile_time_s": 0.0, "warmup_compile_time_s": 6.0, "total_s": 8.0}
+    assert compile_share(m) == 0.75
+    assert stream_verdicts(m)[0].startswith("compilation dominates this stream: 75%")
+
+
+def test_cuda_graphs_rerecorded_beyond_the_shapes():
+    m = {"cudagraph_recordings": 9, "distinct_shapes": 5, "graphs_per_item": 1}
+    assert needed_recordings(m) == 5
+    assert stream_verdicts(m) == ["CUDA graphs re-recorded 4 times: 9 recordings for 5 shapes"]
+    assert stream_verdicts({**m, "cudagraph_recordings": 5}) == []  # one per shape: expected
+    assert stream_verdicts({**m, "cudagraph_recordings": None}) == []  # no CUDA graphs here
+
+
+def test_graph_breaks_and_buckets_set_the_recordings_needed():
+    # two graphs an item (one graph break): ten recordings for five shapes are what it needs
+    broken = {"cudagraph_recordings": 10, "distinct_shapes": 5, "graphs_per_item": 2}
+    assert stream_verdicts(broken) == []
+    assert stream_verdicts({**broken, "cudagraph_recordings": 12}) == [
+        "CUDA graphs re-recorded 2 times: 12 recordings for 5 shapes x 2 graphs an item"
+    ]
+    # a bucketed candidate needs one per bucket, whatever the stream's shapes
+    bucketed = {"cudagraph_recordings": 4, "distinct_shapes": 40, "buckets": {"seq": [8, 16, 32]}}
+    assert needed_recordings(bucketed) == 3
+    assert stream_verdicts(bucketed) == [
+        "CUDA graphs re-recorded 1 time: 4 recordings for 3 buckets"
+    ]
+
+
+def test_both_verdicts_reach_the_tune_report_and_the_pick():
+    from torchkiln.tune.stream_search import _report_md, _select, _why
+
+    slow = {"variant": "inductor:mode=reduce-overhead", "status": "ok", "reason": "",
+            "stream": {"total_s": 2.0, "eager_total_s": 4.0, "compile_time_s": 1.5,
+                       "cudagraph_recordings": 7, "distinct_shapes": 3, "graphs_per_item": 1,
+                       "compiles": 3, "recompiles": 2, "eager_fallbacks": 0,
+                       "steady_speedup": 3.0, "padding_waste": 0.0}}  # fmt: skip
+    slow["stream"]["verdicts"] = stream_verdicts(slow["stream"])
+    assert len(slow["stream"]["verdicts"]) == 2
+    sel = _select([slow])
+    why = _why(slow, sel)
+    assert "compilation dominates this stream: 75% of its time (1.50 s of 2.00 s)" in why
+    assert "CUDA graphs re-recorded 4 times: 7 recordings for 3 shapes" in why
+    rec = {"code": "run = model", "verdicts": slow["stream"]["verdicts"]}
+    doc = {"workload": "w", "device": "cuda", "stream": {"items": 9}, "selection": sel,
+           "trials": [slow], "recommendation": rec}  # fmt: skip
+    md = _report_md(doc)
+    assert "| 75% | 0 | compilation dominates this stream" in md
+    assert "The pick: CUDA graphs re-recorded 4 times" in md
