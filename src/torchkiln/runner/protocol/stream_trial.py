@@ -3,7 +3,8 @@ per item with eager on the same inputs.
 
     python -m torchkiln.runner.protocol.stream_trial SPEC.json OUT.json
 
-SPEC.json names the workload, preset, batch size, device, variant, trace path and length. OUT.json
+SPEC.json names the workload, step (``infer``, or ``train``: runner.protocol.stream_train_trial),
+preset, batch size, device, variant, trace path and length. OUT.json
 gets the replay's measurements, or ``{"status": "error", "error": ...}`` with a one-line reason.
 """
 
