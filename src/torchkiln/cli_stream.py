@@ -39,17 +39,16 @@ def cmd_bench_stream(args: argparse.Namespace, device: str, variants: list[str])
     from torchkiln.workloads.loader import load_workload
     from torchkiln.workloads.stream import workload_stream
 
-    if args.step != "infer":
-        raise KilnUserError("--stream replays inference only: use --step infer")
     if args.stream and not Path(args.stream).is_file():
         raise KilnUserError(f"--stream {args.stream!r}: no such file")
     # the stream is built and checked here, before anything is written, so a bad trace fails
     # with its line named and leaves an earlier run's files as they were
     args.preset = resolve_preset(args.preset, device)
-    w = load_workload(args.workload, preset=args.preset, batch_size=args.batch_size)
+    w = load_workload(args.workload, preset=args.preset, batch_size=args.batch_size, step=args.step)
     stream = workload_stream(w, args.stream, args.stream_len)
     spec = {
         "workload": args.workload,
+        "step": args.step,
         "preset": args.preset,
         "batch_size": args.batch_size,
         "device": device,
@@ -109,7 +108,8 @@ def run_stream_trial(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
 
 
 def _render(doc: dict[str, Any]) -> None:
-    print(f"{doc['workload']} on a stream of {doc['items']} items ({doc['device']})")
+    what = "training steps" if doc.get("step") == "train" else "items"
+    print(f"{doc['workload']} on a stream of {doc['items']} {what} ({doc['device']})")
     head = (
         "variant",
         "status",

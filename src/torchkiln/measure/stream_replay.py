@@ -49,9 +49,13 @@ def replay(
     warmup_fraction: float = 0.2,
     device: str = "cpu",
     check: Callable[[Any, Any], bool] | None = None,
+    prime: Callable[..., Any] | None = None,
 ) -> dict[str, Any]:
     """Per-item times of ``candidate`` and ``eager`` over ``stream`` and the compiler's counters
-    during the replay. ``check(candidate_out, eager_out)`` marks an item mismatched when False."""
+    during the replay. ``check(candidate_out, eager_out)`` marks an item mismatched when False.
+    ``prime`` is eager's untimed first call on item 0 (default ``eager`` itself; a training
+    replay primes without an optimizer step, so eager's weights stay paired with the candidate's).
+    """
     if not 0 <= warmup_fraction < 1:
         raise ValueError(f"warmup_fraction={warmup_fraction} must be in [0, 1)")
     if device.startswith("cuda"):
@@ -61,7 +65,7 @@ def replay(
     first = _to(stream.items[0], device)
     try:
         with torch.no_grad():
-            _timed(eager, first, device)
+            _timed(prime or eager, first, device)
     except (RuntimeError, ValueError, TypeError, IndexError) as exc:
         raise KilnUserError(f"{stream.where(0)}: the input does not fit the model ({exc})") from exc
     compile_watch.watch_cudagraph_recordings()

@@ -23,27 +23,46 @@ MIN_TRIAL_S = 10.0  # less than this left: the next trial could not finish its c
 
 
 def load_stream(
-    workload: str, preset: str, batch_size: int | None, stream: str | None, length: int | None
+    workload: str,
+    preset: str,
+    batch_size: int | None,
+    stream: str | None,
+    length: int | None,
+    step: str | None = None,
 ) -> Any:
     """The stream, built and checked before anything is written: a bad trace fails with its line
     named and leaves an earlier run's files as they were."""
+    return _load(workload, preset, batch_size, stream, length, step)[1]
+
+
+def _load(
+    workload: str,
+    preset: str,
+    batch_size: int | None,
+    stream: str | None,
+    length: int | None,
+    step: str | None,
+) -> tuple[Any, Any]:
     from torchkiln.workloads.loader import load_workload
     from torchkiln.workloads.stream import workload_stream
 
     if stream is not None and not Path(stream).is_file():
         raise KilnUserError(f"--stream {stream!r}: no such file")
-    w = load_workload(workload, preset=preset, batch_size=batch_size)
-    return workload_stream(w, stream, length)
+    w = load_workload(workload, preset=preset, batch_size=batch_size, step=step)
+    return w, workload_stream(w, stream, length)
 
 
-def _bucketing_refused(stream: Any) -> str | None:
+def _bucketing_refused(stream: Any, workload: Any = None) -> str | None:
+    """Why no bucketed candidate is planned; with ``workload`` (a training stream) its inputs
+    must also declare how they pad without changing the loss."""
     from torchkiln.measure.stream_buckets import dynamic_dims
+    from torchkiln.measure.stream_train import pad_refusal
 
     try:
-        dynamic_dims(stream)
+        dims = dynamic_dims(stream)
     except KilnUserError as exc:
         return str(exc)
-    return None
+    return None if workload is None else pad_refusal(workload, dims)
 
 
 def _as_trial(i: int, r: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
@@ -60,7 +79,7 @@ def _as_trial(i: int, r: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]
         "workload": base["workload"],
         "variant": r["variant"],
         "baseline": "eager",
-        "step": "infer",
+        "step": base["step"],
         "device": base["device"],
         "status": "ok" if status == "ok" else status,
         "reason": reason,
@@ -129,16 +148,17 @@ def tune_stream(
     report.md and report.html into ``out``."""
     t0 = time.monotonic()
     left = lambda: budget_s - (time.monotonic() - t0)  # noqa: E731
-    if step != "infer":
-        raise KilnUserError("--stream tunes inference only: use --step infer")
-    items = load_stream(workload, preset, batch_size, stream, stream_len)
-    no_buckets = _bucketing_refused(items)
-    # bucketing and marking dims dynamic both need an input dim that follows a varying size
+    w, items = _load(workload, preset, batch_size, stream, stream_len, step)
+    no_buckets = _bucketing_refused(items, w if step == "train" else None)
     plan: list[StreamCandidate] = stream_candidates(
-        device, allow_precision, can_bucket=no_buckets is None, can_mark=no_buckets is None
+        device,
+        allow_precision,
+        can_bucket=no_buckets is None,
+        can_mark=no_buckets is None and step == "infer",  # a training trial marks no dims
     )
     base = {
         "workload": workload,
+        "step": step,
         "preset": preset,
         "batch_size": batch_size,
         "device": device,
@@ -199,7 +219,7 @@ def tune_stream(
         if best is None
         else {
             "variant": best["variant"],
-            "code": recommend.stream_code(best["variant"], best["stream"], device),
+            "code": _code(best["variant"], best["stream"], device, step),
             "why": _why(best, selection),
             "verdicts": (best["stream"] or {}).get("verdicts", []),
         },
@@ -212,6 +232,14 @@ def tune_stream(
     write_json(out / "results.json", doc)
     write_stream_reports(doc, out)
     return doc
+
+
+def _code(name: str, metrics: dict[str, Any], device: str, step: str) -> str:
+    if step == "train":
+        from torchkiln.tune.stream_train_code import train_stream_code
+
+        return train_stream_code(name, metrics, device)
+    return recommend.stream_code(name, metrics, device)
 
 
 def write_stream_reports(doc: dict[str, Any], out: str | Path) -> None:

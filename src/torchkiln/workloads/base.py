@@ -27,6 +27,9 @@ class Workload:
     ``make_inputs(**sizes)`` makes the inputs for sizes such as ``batch=4, seq=77`` (what a
     ``--stream`` trace line gives), ``size_limits`` caps each size at what the model accepts, and
     ``default_sizes(n)`` samples n sizes of realistic traffic (see torchkiln.workloads.stream).
+    ``pad_values`` names, per input, the value that pads it without changing the training loss
+    (0 for an attention mask, the loss's ignore index for labels): a bucketed training stream
+    pads only a workload that declares one for every input it pads.
     """
 
     model: Any
@@ -43,6 +46,7 @@ class Workload:
     description: str = ""
     convolutional: bool = False
     meta: dict[str, Any] = field(default_factory=dict)
+    pad_values: dict[Any, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.step not in STEP_KINDS:

@@ -121,10 +121,13 @@ def bert_base(preset: str = "full", batch_size: int | None = None, step: str = "
         inputs["labels"] = torch.randint(0, config.num_labels, (batch,))
 
     def make_inputs(batch: int, seq: int) -> dict[str, Any]:
-        return {
+        x = {
             "input_ids": torch.randint(0, config.vocab_size, (batch, seq)),
             "attention_mask": torch.ones(batch, seq, dtype=torch.long),
         }
+        if step == "train":  # a training stream's items carry their labels
+            x["labels"] = torch.randint(0, config.num_labels, (batch,))
+        return x
 
     from torchkiln.workloads.stream import lognormal_seq_sizes
 
@@ -139,6 +142,9 @@ def bert_base(preset: str = "full", batch_size: int | None = None, step: str = "
         name="bert-base",
         step=step,
         description="BERT-base sequence classification",
+        # padded tokens are masked out of attention, and padded rows' labels are the ignore
+        # index of the classifier's cross-entropy: padding leaves the loss as it was
+        pad_values={"input_ids": 0, "attention_mask": 0, "labels": -100},
         meta={"batch": batch, "seq_len": seq},
     )
 

@@ -46,6 +46,48 @@ def default_optimizer(model: Any) -> Any:
 
 
 @dataclass
+class TrainStep:
+    """One training step of a workload on given inputs: forward and loss under the precision's
+    autocast, backward (through a GradScaler for fp16), the optimizer's step, gradients cleared.
+    A fixed-input arm calls it on its example inputs, a training stream on each item's."""
+
+    loss_fn: Callable[[Any, Any], Any]
+    optimizer: Any
+    device: str
+    precision: str
+    scaler: Any = None
+
+    @classmethod
+    def for_workload(
+        cls, workload: Workload, model: Any, device: str, precision: str, grad_scaler: bool
+    ) -> TrainStep:
+        """The workload's loss and optimizer (default_loss, default_optimizer) over ``model``."""
+        import torch
+
+        optimizer = (workload.make_optimizer or default_optimizer)(model)
+        scaler = torch.amp.GradScaler(device.split(":")[0]) if grad_scaler else None
+        return cls(workload.loss_fn or default_loss, optimizer, device, precision, scaler)
+
+    def __call__(self, model: Any, inputs: Any, targets: Any, *, update: bool = True) -> Any:
+        """The step's loss, detached. ``update=False`` leaves the weights as they were (no
+        optimizer step): a warm-up that compiles the forward and backward graphs only."""
+        with autocast(self.device, self.precision):
+            out = call_model(model, inputs)
+            loss = self.loss_fn(out, targets)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            if update:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+        else:
+            loss.backward()
+            if update:
+                self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+
+@dataclass
 class Arm:
     """One way of running the workload, ready to step.
 
@@ -172,28 +214,13 @@ def build_arm(
                 return infer_step(compiled_model)
 
     else:
-        loss_fn = workload.loss_fn or default_loss
-        optimizer = (workload.make_optimizer or default_optimizer)(model)
-        scaler = None
-        if facts.grad_scaler:
-            scaler = torch.amp.GradScaler(device.split(":")[0])
+        trainer = TrainStep.for_workload(workload, model, device, precision, facts.grad_scaler)
 
         def train_step(m: Any = model) -> Any:
-            with autocast(device, precision):
-                out = call_model(m, inputs)
-                loss = loss_fn(out, targets)
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                loss.backward()
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            return loss.detach()
+            return trainer(m, inputs, targets)
 
         if facts.eager_first_step:
-            _prime_for_step_scope(optimizer, backend, device)
+            _prime_for_step_scope(trainer.optimizer, backend, device)
             compiled_step = backend.wrap(train_step, compile_scope="step")
         else:
             compiled_model = backend.wrap(model, compile_scope="model")

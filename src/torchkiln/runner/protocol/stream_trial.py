@@ -3,7 +3,8 @@ per item with eager on the same inputs.
 
     python -m torchkiln.runner.protocol.stream_trial SPEC.json OUT.json
 
-SPEC.json names the workload, preset, batch size, device, variant, trace path and length. OUT.json
+SPEC.json names the workload, step (``infer``, or ``train``: runner.protocol.stream_train_trial),
+preset, batch size, device, variant, trace path and length. OUT.json
 gets the replay's measurements, or ``{"status": "error", "error": ...}`` with a one-line reason.
 """
 
@@ -28,6 +29,13 @@ def _close(a: Any, b: Any, atol: float, rtol: float) -> bool:
     if isinstance(a, torch.Tensor):
         return bool(torch.allclose(a.float(), b.float(), atol=atol, rtol=rtol))
     return a == b
+
+
+def tolerance(device: str, precision: str) -> float:
+    """atol and rtol of an output (or a training loss) against eager's."""
+    if precision in ("bf16", "fp16"):
+        return 5e-2  # 16-bit autocast rounds every matmul
+    return 1e-2 if device.startswith("cuda") else 1e-4  # TF32/cuDNN reorderings on GPU
 
 
 def _raise_recompile_limit(n: int) -> None:
@@ -67,7 +75,6 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
     import torch
 
-    from torchkiln.diagnose.stream_cost import stream_verdicts
     from torchkiln.measure import compile_watch
     from torchkiln.measure.stream_replay import replay
     from torchkiln.runner.protocol.settings import autocast, precision_flags
@@ -76,10 +83,6 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     from torchkiln.workloads.loader import load_workload
     from torchkiln.workloads.stream import workload_stream
 
-    if spec.get("step", "infer") != "infer":
-        raise KilnUserError(
-            "a stream trial replays inference (--step infer); training streams are not measured yet"
-        )
     cand = parse_stream_candidate(spec["variant"])
     variant = parse_variant(cand.variant)
     if variant.channels_last or variant.fixes:
@@ -87,6 +90,11 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             f"variant {spec['variant']!r}: a stream trial takes a backend and a precision "
             "(no +channels_last or +fix=)"
         )
+    tol = tolerance(spec["device"], variant.precision)
+    if spec.get("step", "infer") == "train":
+        from torchkiln.runner.protocol.stream_train_trial import run_train
+
+        return _finish(run_train(spec, cand, variant, tol), cand)
     w = load_workload(spec["workload"], preset=spec["preset"], batch_size=spec.get("batch_size"))
     stream = workload_stream(w, spec.get("stream"), spec.get("stream_len"))
     device = spec["device"]
@@ -135,10 +143,6 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             with precision_flags(variant.precision), autocast(device, variant.precision):
                 return compiled(*args, **kwargs)
 
-    # TF32/cuDNN reorderings on GPU; 16-bit autocast rounds every matmul
-    tol = 1e-2 if device.startswith("cuda") else 1e-4
-    if variant.precision in ("bf16", "fp16"):
-        tol = 5e-2
     out = replay(
         run_candidate,
         eager,
@@ -161,11 +165,17 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         bucketed.close()
     else:
         out["padding_waste"] = 0.0  # nothing padded: comparable with a bucketed candidate's
+    out["varying_dims"] = _varying_dims(stream)
+    return _finish(out, cand)
+
+
+def _finish(out: dict[str, Any], cand: Any) -> dict[str, Any]:
+    from torchkiln.diagnose.stream_cost import stream_verdicts
+
     out["recompile_limit"] = cand.recompile_limit
     out["mark_dynamic"] = cand.mark_dynamic
-    out["varying_dims"] = _varying_dims(stream)
     # what the stream cost the candidate in all, a bucketed one's warm-up included
-    out["total_s"] = out["time_per_item_s"] * out["items"] + setup.get("warmup_s", 0.0)
+    out["total_s"] = out["time_per_item_s"] * out["items"] + out.get("warmup_s", 0.0)
     out["status"] = "ok" if not out["mismatched_items"] else "incorrect"
     out["verdicts"] = stream_verdicts(out)
     return out
