@@ -73,7 +73,12 @@ class HostLock:
         return cls(path) if path else None
 
     def enter(self, phase: str) -> float:
-        mode = lock_mode(phase)
+        return self.hold(lock_mode(phase))
+
+    def hold(self, mode: int | None) -> float:
+        """Take ``mode`` (fcntl.LOCK_EX for timed work, LOCK_SH for other work, None for
+        nothing), releasing what was held; returns the seconds waited. For a process whose
+        phases are not a trial's (the profile worker's timed steps)."""
         if mode == self.mode and mode != fcntl.LOCK_SH:
             return 0.0  # one timed phase to the next (or done to done): the turn is kept
         if self.mode is not None:
