@@ -20,7 +20,7 @@ from typing import Any
 
 from torchkiln.diagnose.profile import TIMED_PHASES
 from torchkiln.measure import host_load
-from torchkiln.runner.launch.host_lock import HostLock
+from torchkiln.runner.launch.host_lock import WAIT_SHOWN_S, HostLock
 from torchkiln.runner.launch.orphan import exit_with_launcher
 
 SCHEMA = "kiln.profile/1"
@@ -153,9 +153,9 @@ def take_turn(lock: HostLock | None, name: str, result: dict[str, Any]) -> None:
     device_idle()
     wall = time.time()
     waited = lock.hold(fcntl.LOCK_EX if name in TIMED_PHASES else fcntl.LOCK_SH)
-    if waited > 0:
-        phase_s = result.setdefault("phase_s", {})
-        phase_s["host_wait"] = round(phase_s.get("host_wait", 0.0) + waited, 3)
+    phase_s = result.setdefault("phase_s", {})
+    phase_s["host_wait"] = round(phase_s.get("host_wait", 0.0) + waited, 3)
+    if waited >= WAIT_SHOWN_S:
         result.setdefault("phase_at", []).append(["host_wait", round(wall, 3), _now()])
 
 

@@ -15,7 +15,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from torchkiln.runner.launch.host_lock import WAITING_SUFFIX, HostLock
+from torchkiln.runner.launch.host_lock import WAIT_SHOWN_S, WAITING_SUFFIX, HostLock
 from torchkiln.runner.launch.orphan import exit_with_launcher
 from torchkiln.runner.protocol.trial import TrialSpec, base_result
 
@@ -74,7 +74,7 @@ class Phases:
         if self.lock is not None:
             waited = self.lock.enter(name)
             self.seconds["host_wait"] = self.seconds.get("host_wait", 0.0) + waited
-            if waited > 0:
+            if waited >= WAIT_SHOWN_S:
                 self.at.append(["host_wait", round(wall, 3), round(time.time(), 3)])
             now, wall = time.perf_counter(), time.time()
         self.current, self.started, self.started_at = name, now, wall
