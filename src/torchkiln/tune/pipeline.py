@@ -22,7 +22,6 @@ from torchkiln.repair.plan import check_mode as check_fix_mode
 from torchkiln.report.drift import baseline_drift
 from torchkiln.runner.launch import executors, warm
 from torchkiln.runner.launch.concurrency import search_slots
-from torchkiln.runner.launch.executors import LocalExecutor
 from torchkiln.runner.launch.host_lock import host_turns, remove_lock_files
 from torchkiln.runner.launch.orphan import stop_trials, trials_may_run
 from torchkiln.runner.launch.trial_process import preflight, run_trial
@@ -32,11 +31,11 @@ from torchkiln.runner.store.rundir import RunDir
 from torchkiln.tune import evidence as gather
 from torchkiln.tune import recommend
 from torchkiln.tune.diagnosis import Diagnosis, Findings
+from torchkiln.tune.head_to_head import head_to_head_stage
 from torchkiln.tune.limits import (
     FINAL_RESERVE_S,
     Estimator,
     does_not_fit,
-    head_to_head_cost,
     head_to_head_reserve,
     search_limits,
     search_room,
@@ -50,8 +49,8 @@ from torchkiln.tune.search import (
     candidates,
     refinements,
 )
-from torchkiln.tune.select import finalists, select
 from torchkiln.tune.select import leader as current_leader
+from torchkiln.tune.select import select
 from torchkiln.tune.time_spent import StageClock, beside_seconds, stage_seconds, time_spent
 
 TUNE_SCHEMA = "torchkiln.tune/1"
@@ -92,63 +91,6 @@ def run_in_process(spec: TrialSpec) -> dict[str, Any]:
         result["reason"] = f"{type(exc).__name__} during {phases.current}: {exc}"[:4000]
     result["notes"].append("ran in the calling process: no crash isolation, shared caches")
     return result
-
-
-# Index of head-to-head trials in the run directory: apart from the search's (1, 2, ...).
-H2H_INDEX = 100
-
-
-def _head_to_head_stage(
-    results: list[dict[str, Any]],
-    eager: dict[str, Any],
-    allow_precision: set[str],
-    base: TrialSpec,
-    run_one: Any,
-    slots: list[int | None],
-    left: Any,
-    events: TuneEvents,
-    stages: dict[str, Any],
-) -> list[dict[str, Any]]:
-    """Each challenger timed against the leader in one process (see select.finalists): the
-    comparison that drift between trials cannot fake. Correctness was checked in the search."""
-    final = finalists(results, eager, allow_precision)
-    stages["head_to_head"] = {"leader": None, "challengers": [], "skipped": {}}
-    if not final:
-        return []
-    leader, challengers = final[0], final[1:]
-    stage = stages["head_to_head"]
-    stage["leader"] = leader["variant"]
-    specs = []
-    for k, c in enumerate(challengers):
-        need = head_to_head_cost(leader, c)
-        room = left() - FINAL_RESERVE_S
-        if need > room:
-            why = does_not_fit(need, room, "the report")
-            stage["skipped"][c["variant"]] = why
-            events.skipped(f"{c['variant']} vs {leader['variant']}", why)
-            continue
-        stage["challengers"].append(c["variant"])
-        specs.append(
-            replace(
-                base,
-                variant=c["variant"],
-                baseline=leader["variant"],
-                index=H2H_INDEX + k,
-                check_accuracy=False,
-                count_kernels=False,
-                stop_halfwidth=None,  # the comparison that decides the pick runs every rep
-                extra={
-                    **base.extra,
-                    "unchecked_because": "a head-to-head trial: its search trial checked it",
-                },
-            )
-        )
-    if not specs:
-        return []
-    names = ", ".join(s.variant for s in specs)
-    events.stage("head to head", f"{names} against {leader['variant']}", left())
-    # One at a time: this comparison decides the pick, and its reps then wait on nothing.
-    return LocalExecutor(slots[0]).run(specs, run_one)
 
 
 def refine(
@@ -331,7 +273,8 @@ def tune(
     # there are two or more (never on the CPU, where a compile beside another reads slower).
     beside = not in_process and len(slots) > 1
     host_lock = (host_turns() or executors.host_lock_file()) if beside else None
-    stages["profile"] = stages["graph_breaks"] = stages["repair"] = {"status": "running"}
+    for key in ("profile", "graph_breaks", "repair"):  # in this order in results.json
+        stages[key] = {"status": "running"}
     diagnosed: dict[str, Any] = {}  # the plan's document, once the diagnosis is in
 
     def absorb(found: Findings) -> list[Candidate]:
@@ -482,7 +425,7 @@ def tune(
         stages["repair"]["break_costs"] = repair_judge.break_costs(plan_doc, results, eager)
     h2h = []
     if steps is None:
-        h2h = _head_to_head_stage(
+        h2h = head_to_head_stage(
             results, eager, set(allow_precision), base, run_one, slots, left, events, stages
         )
     events.stage("select", "", left())
