@@ -17,7 +17,7 @@ import pytest
 
 from tests_helpers import _trial
 from torchkiln.diagnose import profile_worker
-from torchkiln.runner.launch.host_lock import HostLock
+from torchkiln.runner.launch.host_lock import HostLock, host_turns, shared_turn
 from torchkiln.tune import evidence, pipeline
 
 FIXES = ["config:all", "config:capture_scalar_outputs"]
@@ -80,9 +80,11 @@ def _fake_tune(tmp_path, monkeypatch, gpus: list, name: str) -> tuple[dict, dict
         return {"status": "ok", "verdict": "balanced", "timed_at": timed}
 
     def fake_explain(spec, timeout_s):
-        began = time.time()
-        time.sleep(1.0)  # tracing and compiling, on the shared turn the pipeline holds
-        seen["explain"] = [round(began, 3), round(time.time(), 3)]
+        # As diagnose/_subproc.run_module does: a shared turn on KILN_HOST_TURNS's file, if set.
+        with shared_turn(host_turns()):
+            began = time.time()
+            time.sleep(1.0)  # tracing and compiling, on the shared turn the pipeline holds
+            seen["explain"] = [round(began, 3), round(time.time(), 3)]
         return {"status": "ok", "breaks": 2, "records": []}
 
     def fake_repair_plan(spec, found, fix, out_dir):
@@ -161,6 +163,16 @@ def test_the_primaries_start_beside_the_diagnosis_and_no_timed_interval_overlaps
     assert spent["beside_s"]["graph breaks"] == pytest.approx(
         breaks["ended_at"] - breaks["started_at"], abs=0.05
     )
+    assert doc["selection"]["best"] is not None
+
+
+def test_with_host_turns_the_search_and_the_diagnosis_take_them_on_that_file(tmp_path, monkeypatch):
+    turns = tmp_path / "turns.lock"
+    monkeypatch.setenv("KILN_HOST_TURNS", str(turns))
+    doc, seen = _fake_tune(tmp_path, monkeypatch, [0, 1, 2], "turns")
+    assert seen["lock_paths"] == {str(turns)}
+    assert turns.exists()  # the user's file, not the tune's to remove
+    assert doc["stages"]["graph_breaks"]["beside"] == "search"
     assert doc["selection"]["best"] is not None
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchkiln.runner.launch.host_lock import shared_turn
+from torchkiln.runner.launch.host_lock import host_turns, shared_turn
 from torchkiln.runner.protocol.trial import TrialSpec
 from torchkiln.tune import evidence as gather
 
@@ -72,7 +72,11 @@ class Diagnosis:
             # Its findings are the remedies' source: at least 30 s, even from a short budget.
             floor = 0.0 if self.fix == "none" else EXPLAIN_FLOOR_S
             timeout = min(STAGE_CAP_S, max(floor, self.left() / STAGE_SHARE))
-            with shared_turn(host_lock):
+            # Explain's subprocess holds a shared turn on KILN_HOST_TURNS's file itself: one
+            # more on that file here would queue at its turnstile behind a trial waiting for
+            # the turn this one holds, each waiting on the other.
+            outer = None if host_lock == host_turns() else host_lock
+            with shared_turn(outer):
                 found["graph_breaks"] = gather.stage(gather.graph_breaks, self.base, timeout)
             # Each break's remedies become candidates (torchkiln.repair): rewritten copies.
             with shared_turn(host_lock):
