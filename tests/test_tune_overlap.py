@@ -125,6 +125,7 @@ def test_the_primaries_start_beside_the_diagnosis_and_no_timed_interval_overlaps
     remedies = [v for v in first if "+fix=" in v]
     assert remedies and all(first[v] >= breaks["ended_at"] for v in remedies)
     assert all(s in search["planned"] for s in remedies)
+    assert search["before_diagnosis"]["waited_s"] >= 0
 
     # The diagnosis held one of the three places in flight: at most two trials beside it.
     spans = [[t["phase_at"][0][1], t["phase_at"][-1][2]] for t in trials]

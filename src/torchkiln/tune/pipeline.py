@@ -1,5 +1,7 @@
 """`kiln tune`: environment check, eager baseline, profile verdict, graph breaks, a search over
-variants within a time budget, selection, report. Reads like the diagram in DESIGN.md."""
+variants within a time budget, selection, report. Reads like the diagram in DESIGN.md. With
+several trials in flight the diagnosis (profile, graph breaks, repair plan: tune.diagnosis) runs
+beside the search's first trials, the primaries, which need none of it."""
 
 from __future__ import annotations
 
@@ -325,6 +327,7 @@ def tune(
     stages["search"]["deferred"] = queue.deferred_why
     next_index = len(plan) + 1
     running: set[str] = set()  # started, no result yet
+    idle_since: list[float] = []  # when the last trial ended
 
     def search_left(more_to_come: bool = True) -> float:
         kept = FINAL_RESERVE_S
@@ -357,6 +360,10 @@ def tune(
         found, pending_diagnosis = pending_diagnosis.result(), None  # raises what it raised
         search = stages["search"]
         early = search["before_diagnosis"]
+        # What the overlap did not save: the search idle, its first trials done, the rest of
+        # the plan waiting for the diagnosis.
+        idle = time.monotonic() - idle_since[0] if not running and idle_since else 0.0
+        early["waited_s"] = round(idle, 3)
         rest, early["stand_for"] = after_diagnosis(early["planned"], absorb(found), evidence)
         search["evidence"] = evidence.__dict__ | {"allow_precision": sorted(allow_precision)}
         search["planned"] += [c.spec for c in rest]
@@ -390,6 +397,7 @@ def tune(
         results.append(r)
         repair_judge.mark(r, results, evidence.graph_breaks)
         running.discard(cand.spec)
+        idle_since[:] = [time.monotonic()]
         estimate.learn(cand, r)
         if pending_diagnosis is not None:
             return  # the leader's refinements wait for the remedies (a refinement of their own)
