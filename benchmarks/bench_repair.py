@@ -434,7 +434,7 @@ def print_table(rows: list[dict[str, Any]], not_run: list[str], total_budget: st
 def recovered_parts(out: Path) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """Rows a stopped --plain-only run's parts had finished (OUT/bench_repair.part-K.json, each
     written after every model), so a rerun measures only what is missing; the files are
-    removed once read. Also the parts' own commands."""
+    folded into bench_repair.json (plain_only). Also the parts' own commands."""
     rows: dict[str, dict[str, Any]] = {}
     commands: list[str] = []
     for path in sorted(out.glob("bench_repair.part-*.json")):
@@ -444,7 +444,6 @@ def recovered_parts(out: Path) -> tuple[dict[str, dict[str, Any]], list[str]]:
         for r in part.get("rows", []):
             if r.get("pick") and not r.get("plain_paired_not_run"):
                 rows[r["model"]] = r
-        path.unlink()
     if rows:
         print(f"recovered from a stopped run's parts: {', '.join(sorted(rows))}", flush=True)
     return rows, commands
@@ -467,8 +466,15 @@ def plain_only(
     commands = (earlier.get("commands") or [earlier.get("command")]) + [command]
     by_model = {r["model"]: r for r in earlier["rows"]}
     recovered, their_commands = recovered_parts(out) if args.part is None else ({}, [])
-    by_model |= recovered
-    commands[-1:-1] = their_commands
+    if recovered:
+        # folded into bench_repair.json before anything runs: this run's parts reuse the names
+        by_model |= recovered
+        commands[-1:-1] = their_commands
+        order = {m: i for i, m in enumerate(ZOO)}
+        merged = sorted(by_model.values(), key=lambda r: order.get(r["model"], len(order)))
+        write_doc(out, None, merged, earlier.get("not_run", []), commands[:-1], env, t0)
+        for path in out.glob("bench_repair.part-*.json"):
+            path.unlink()
     todo = [m for m in models if (by_model.get(m) or {}).get("pick") and m not in recovered]
     rows: list[dict[str, Any]] = []
     if args.jobs > 1 and args.part is None and todo:

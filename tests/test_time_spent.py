@@ -6,6 +6,7 @@ from tests_helpers import synthetic_tune_doc
 from torchkiln.report import time_spent as section
 from torchkiln.tune.time_spent import (
     StageClock,
+    beside_seconds,
     console_line,
     phase_seconds,
     stage_seconds,
@@ -104,3 +105,33 @@ def test_console_line_is_compact():
 
 def minimal_tune_doc():
     return synthetic_tune_doc()
+
+
+def test_stages_beside_the_main_line_are_overlap_not_added():
+    spans = [("profile", 2.0, 5.0), ("graph breaks", 5.0, 12.0)]
+    beside = beside_seconds(spans)
+    assert beside == {"profile": 3.0, "graph breaks": 7.0}
+    stages = stage_seconds([("baseline", 0.0), ("search", 2.0)], start=0.0, end=20.0)
+    spent = time_spent({"wall_s": 20.0, "trials": []}, stages, beside)
+    assert sum(spent["stages_s"].values()) == pytest.approx(spent["wall_s"])
+    assert spent["beside_s"] == beside
+    assert console_line(spent) == (
+        "time spent: 20s (baseline 2s, search 18s; beside the search: profile 3s, graph breaks 7s)"
+    )
+    what = [r["what"] for r in section.rows(spent)]
+    assert "stage: graph breaks (beside the search)" in what
+    assert "beside_s" not in time_spent({"wall_s": 20.0}, stages)
+
+
+def test_stage_clock_keeps_a_stage_beside_apart_even_when_it_fails():
+    seen = []
+
+    class Events:
+        def stage(self, name, detail, left):
+            seen.append(name)
+
+    clock = StageClock(Events())
+    with pytest.raises(RuntimeError), clock.beside("profile", "x", 1.0):
+        raise RuntimeError("the profile failed")
+    assert clock.marks == [] and [s[0] for s in clock.beside_spans] == ["profile"]
+    assert seen == ["profile"]

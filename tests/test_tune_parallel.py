@@ -51,7 +51,7 @@ def test_independent_candidates_run_at_once_one_per_gpu(tmp_path, monkeypatch):
     monkeypatch.setattr(pipeline, "run_trial", fake_run_trial)
     monkeypatch.setattr(pipeline, "visible_gpus", lambda device: [0, 1])
     monkeypatch.setattr(pipeline, "preflight", lambda *a, **k: {"ok": True})
-    monkeypatch.setattr(evidence, "profile_verdict", lambda spec, t: {"verdict": "balanced"})
+    monkeypatch.setattr(evidence, "profile_verdict", lambda spec, t, **kw: {"verdict": "balanced"})
     monkeypatch.setattr(evidence, "graph_breaks", lambda spec, t: {"breaks": 0})
 
     doc = pipeline.tune("simple", device="cpu", preset="tiny", budget_s=600, out=tmp_path / "t")

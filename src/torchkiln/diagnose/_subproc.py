@@ -12,9 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchkiln.runner.launch import spawn
-from torchkiln.runner.launch.host_lock import HOST_TURNS_ENV, host_turns, shared_turn
-from torchkiln.runner.launch.orphan import launcher_env
+from torchkiln.runner.launch.host_lock import HOST_LOCK_ENV, HOST_TURNS_ENV, host_turns, shared_turn
+from torchkiln.runner.launch.orphan import TrialsStopped, launcher_env, stopping
 
+# How often a wait on the child looks for a stop (orphan.stop_trials): a tune's diagnosis runs
+# in a thread beside its trials, out of a Ctrl-C's reach.
+POLL_S = 0.5
 # src/ (or site-packages/) holding the torchkiln package, so children import this same copy.
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -37,6 +40,7 @@ def child_env(overrides: Mapping[str, str | None] | None = None) -> dict[str, st
     removes a variable)."""
     env = launcher_env(dict(os.environ))  # the child ends itself if this process dies
     env.pop(HOST_TURNS_ENV, None)  # the parent holds the turn; a nested run takes none
+    env.pop(HOST_LOCK_ENV, None)  # only a child given its own turns (run_module) takes them
     env["PYTHONPATH"] = os.pathsep.join([_PACKAGE_ROOT, *filter(None, [env.get("PYTHONPATH")])])
     for key, value in (overrides or {}).items():
         if value is None:
@@ -53,9 +57,18 @@ def run_module(
     timeout: float,
     env: Mapping[str, str | None] | None = None,
     cwd: str | None = None,
+    own_turns: str | None = None,
 ) -> ProcResult:
     """``python -m module args...``; on timeout the child's whole process group is killed
-    (compile workers included), and whatever it printed so far is returned."""
+    (compile workers included), and whatever it printed so far is returned; on a stop
+    (orphan.stop_trials) it is killed and TrialsStopped raised.
+
+    Turns on the host (host_lock.py): with ``own_turns`` (a lock file) the child takes its own,
+    shared for its busy work and exclusive for its timed steps (the profile worker); else this
+    process holds a shared turn on KILN_HOST_TURNS's file, if set, while the child runs."""
+    if own_turns is not None:
+        return _run(module, args, timeout=timeout, env={**(env or {}), HOST_LOCK_ENV: own_turns},
+                    cwd=cwd)  # fmt: skip
     with shared_turn(host_turns()):
         return _run(module, args, timeout=timeout, env=env, cwd=cwd)
 
@@ -80,13 +93,20 @@ def _run(
     )
     # A Ctrl-C: the child's own session is out of the signal's reach.
     with spawn.ended_on_error(proc, end=spawn.kill_group):
-        try:
-            out, err = proc.communicate(timeout=timeout)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            spawn.kill_group(proc)
-            out, err = proc.communicate()
-            timed_out = True
+        while True:
+            remaining = timeout - (time.perf_counter() - start)
+            try:
+                out, err = proc.communicate(timeout=max(0.0, min(POLL_S, remaining)))
+                timed_out = False
+                break
+            except subprocess.TimeoutExpired:
+                if stopping():
+                    raise TrialsStopped("the run was interrupted") from None
+                if remaining <= POLL_S:
+                    spawn.kill_group(proc)
+                    out, err = proc.communicate()
+                    timed_out = True
+                    break
     return ProcResult(
         returncode=None if timed_out else proc.returncode,
         stdout=out or "",
@@ -103,13 +123,16 @@ def run_json_worker(
     *,
     timeout: float,
     env: Mapping[str, str | None] | None = None,
+    own_turns: str | None = None,
 ) -> tuple[ProcResult, dict | None]:
     """Write ``request`` as JSON, run ``python -m module REQUEST RESULT`` in its own process,
     and read its JSON result back; None when the worker left no readable result (it crashed
     or timed out, which ``ProcResult`` says)."""
     req_file, out_file = Path(workdir) / "request.json", Path(workdir) / "result.json"
     req_file.write_text(json.dumps(request))
-    proc = run_module(module, [str(req_file), str(out_file)], timeout=timeout, env=env)
+    proc = run_module(
+        module, [str(req_file), str(out_file)], timeout=timeout, env=env, own_turns=own_turns
+    )
     try:
         return proc, json.loads(out_file.read_text())
     except (OSError, ValueError):

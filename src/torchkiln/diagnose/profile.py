@@ -18,6 +18,10 @@ from torchkiln.errors import KilnUserError
 from torchkiln.runner.launch.compile_cache import prepare as prepare_cache
 
 WORKER = "torchkiln.diagnose.profile_worker"
+# The worker's phases whose step times are the result (its warm-up times the unprofiled steps
+# too): with a lock file (a tune profiling beside its trials) they run on an exclusive turn,
+# the rest on a shared one, as a trial's timed reps and other phases do (host_lock.py).
+TIMED_PHASES = ("warmup", "profile")
 DEFAULT_STEPS = 5
 DEFAULT_TIMEOUT_S = 600.0
 MAX_STEPS = 200  # a trace of 200 eager resnet50 steps is ~300 MB: more says nothing new
@@ -58,6 +62,7 @@ def run_profile(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     count_flops: bool = True,
     cache_dir: str | None = None,
+    host_lock: str | None = None,
 ) -> dict[str, Any]:
     """Profile ``steps`` steps of ``workload`` run as ``variant``; returns the JSON document.
 
@@ -67,8 +72,11 @@ def run_profile(
     ``torchkiln.diagnose.verdict.KINDS``, or None when status is not ok. ``trace`` is where
     the Chrome trace was kept (None unless ``trace_path`` is given). Bad input (unknown
     workload or variant, no GPU for cuda, --with-loader without an input stream) raises
-    KilnUserError. The compile cache is fresh per call unless ``cache_dir`` is given."""
+    KilnUserError. The compile cache is fresh per call unless ``cache_dir`` is given.
+    ``host_lock`` (else KILN_HOST_TURNS's file, if set): the worker takes turns on it, its timed
+    steps exclusive (host_lock.py), so they never overlap a neighbour's compile."""
     from torchkiln import defaults
+    from torchkiln.runner.launch.host_lock import host_turns
 
     device = defaults.device(device)
     preset = defaults.preset(preset, device)
@@ -96,7 +104,9 @@ def run_profile(
             "PYTHONUNBUFFERED": "1",
         }
         try:
-            proc, doc = run_json_worker(WORKER, req, tmp, timeout=timeout_s, env=env)
+            proc, doc = run_json_worker(
+                WORKER, req, tmp, timeout=timeout_s, env=env, own_turns=host_lock or host_turns()
+            )
         finally:
             cache.remove()
         if doc is None:

@@ -18,7 +18,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from torchkiln.diagnose.profile import TIMED_PHASES
 from torchkiln.measure import host_load
+from torchkiln.runner.launch.host_lock import WAIT_SHOWN_S, HostLock
 from torchkiln.runner.launch.orphan import exit_with_launcher
 
 SCHEMA = "kiln.profile/1"
@@ -139,10 +141,39 @@ def count_flops(arm: Any, spec: Any, variant: Any) -> int:
     return count(arm.step)
 
 
-def _phase(result: dict[str, Any], name: str, out: Path, fn: Callable[[], None]) -> bool:
-    from torchkiln.runner.protocol.worker import classify_error
+def take_turn(lock: HostLock | None, name: str, result: dict[str, Any]) -> None:
+    """The turn phase ``name`` needs (exclusive when timed), its wait recorded as
+    ``host_wait``; this phase's queued GPU work is finished before the turn changes hands."""
+    import fcntl
 
-    start = time.perf_counter()
+    from torchkiln.runner.protocol.worker import device_idle
+
+    if lock is None:
+        return
+    device_idle()
+    wall = time.time()
+    waited = lock.hold(fcntl.LOCK_EX if name in TIMED_PHASES else fcntl.LOCK_SH)
+    phase_s = result.setdefault("phase_s", {})
+    phase_s["host_wait"] = round(phase_s.get("host_wait", 0.0) + waited, 3)
+    if waited >= WAIT_SHOWN_S:
+        result.setdefault("phase_at", []).append(["host_wait", round(wall, 3), _now()])
+
+
+def _now() -> float:
+    return round(time.time(), 3)
+
+
+def _phase(
+    result: dict[str, Any],
+    name: str,
+    out: Path,
+    fn: Callable[[], None],
+    lock: HostLock | None = None,
+) -> bool:
+    from torchkiln.runner.protocol.worker import classify_error, device_idle
+
+    take_turn(lock, name, result)
+    start, wall = time.perf_counter(), _now()
     result["phase"] = name
     _write(out, result)
     try:
@@ -156,12 +187,16 @@ def _phase(result: dict[str, Any], name: str, out: Path, fn: Callable[[], None])
         result["error"] = f"{type(exc).__name__} during {name}: {exc}"[:4000]
         result["traceback"] = "".join(traceback.format_exception(exc)[-8:])
         ok = False
+    if lock is not None:
+        device_idle()  # the phase ends when its GPU work has
     result.setdefault("phase_s", {})[name] = round(time.perf_counter() - start, 3)
+    # [phase, start, end], wall-clock seconds: a tune checks its turns against these.
+    result.setdefault("phase_at", []).append([name, wall, _now()])
     _write(out, result)
     return ok
 
 
-def run(req: dict[str, Any], out: Path) -> dict[str, Any]:
+def run(req: dict[str, Any], out: Path, lock: HostLock | None = None) -> dict[str, Any]:
     import torch
 
     from torchkiln.diagnose.trace_metrics import analyze
@@ -268,11 +303,11 @@ def run(req: dict[str, Any], out: Path) -> dict[str, Any]:
         result["verdict"]["evidence"].update(achieved_tflops=achieved, pct_of_peak=pct)
 
     for name, fn in (("build", build), ("warmup", warmup), ("profile", profile)):
-        if not _phase(result, name, out, fn):
+        if not _phase(result, name, out, fn, lock):
             return result
-    if not _phase(result, "analyze", out, analyse):
+    if not _phase(result, "analyze", out, analyse, lock):
         return result
-    if req.get("count_flops", True) and not _phase(result, "flops", out, flops):
+    if req.get("count_flops", True) and not _phase(result, "flops", out, flops, lock):
         # The verdict stands without FLOPs: report the failure, keep the profile.
         result["flops"] = {"error": result.pop("error", None)}
         result.pop("traceback", None)
@@ -287,7 +322,15 @@ def main(argv: list[str] | None = None) -> int:
     req = json.loads(Path(args[0]).read_text())
     out = Path(args[1])
     _write(out, {"schema": SCHEMA, "status": "running", "request": req, "phase": "start"})
-    run(req, out)
+    # Importing torch is busy work too: a shared turn from here (none without a lock file).
+    lock = HostLock.from_env()
+    if lock is not None:
+        lock.enter("start")
+    try:
+        run(req, out, lock)
+    finally:
+        if lock is not None:
+            lock.close()
     return 0
 
 

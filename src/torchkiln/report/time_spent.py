@@ -19,6 +19,15 @@ def rows(spent: dict[str, Any]) -> list[dict[str, str]]:
         {"what": f"stage: {k}", "seconds": f"{v:.1f}", "share of wall": share(v)}
         for k, v in spent.get("stages_s", {}).items()
     ]
+    # Beside the main line (the diagnosis beside the search): inside the wall already.
+    out += [
+        {
+            "what": f"stage: {k} (beside the search)",
+            "seconds": f"{v:.1f}",
+            "share of wall": share(v),
+        }
+        for k, v in (spent.get("beside_s") or {}).items()
+    ]
     counted = f"{spent.get('trials', 0)} trials"
     out += [
         {"what": f"phase: {k} ({counted})", "seconds": f"{v:.1f}", "share of wall": share(v)}

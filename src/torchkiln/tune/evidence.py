@@ -30,7 +30,12 @@ def environment_check(device: str) -> dict[str, Any]:
     return {"ok": not problems, "problems": problems, "torch": torch.__version__}
 
 
-def profile_verdict(spec: TrialSpec, timeout_s: float) -> dict[str, Any]:
+def profile_verdict(
+    spec: TrialSpec, timeout_s: float, host_lock: str | None = None
+) -> dict[str, Any]:
+    """The eager step's verdict. ``host_lock``: the search's lock file, when the profile runs
+    beside its trials; the worker's timed steps take an exclusive turn on it, and the record
+    says when they ran (``timed_at``, wall-clock seconds) and how long the turns took."""
     try:
         profile = importlib.import_module("torchkiln.diagnose.profile")
     except ImportError as exc:
@@ -43,9 +48,16 @@ def profile_verdict(spec: TrialSpec, timeout_s: float) -> dict[str, Any]:
         preset=spec.preset,
         batch_size=spec.batch_size,
         timeout_s=timeout_s,
+        host_lock=host_lock,
     )
     verdict = doc.get("verdict") or {}
-    return {"status": doc.get("status", "ok"), "verdict": verdict.get("kind"), "detail": verdict}
+    out = {"status": doc.get("status", "ok"), "verdict": verdict.get("kind"), "detail": verdict}
+    timed = [p for p in doc.get("phase_at") or [] if p[0] in profile.TIMED_PHASES]
+    if timed:
+        out["timed_at"] = [timed[0][1], timed[-1][2]]
+    if (doc.get("phase_s") or {}).get("host_wait"):
+        out["host_wait_s"] = doc["phase_s"]["host_wait"]
+    return out
 
 
 def graph_breaks(spec: TrialSpec, timeout_s: float) -> dict[str, Any]:

@@ -1,5 +1,7 @@
 """`kiln tune`: environment check, eager baseline, profile verdict, graph breaks, a search over
-variants within a time budget, selection, report. Reads like the diagram in DESIGN.md."""
+variants within a time budget, selection, report. Reads like the diagram in DESIGN.md. With
+several trials in flight the diagnosis (profile, graph breaks, repair plan: tune.diagnosis) runs
+beside the search's first trials, the primaries, which need none of it."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import importlib
 import importlib.util
 import time
 from collections.abc import Collection
+from concurrent.futures import wait
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -19,18 +22,20 @@ from torchkiln.repair.plan import check_mode as check_fix_mode
 from torchkiln.report.drift import baseline_drift
 from torchkiln.runner.launch import executors, warm
 from torchkiln.runner.launch.concurrency import search_slots
-from torchkiln.runner.launch.executors import LocalExecutor
+from torchkiln.runner.launch.host_lock import host_turns, remove_lock_files
+from torchkiln.runner.launch.orphan import stop_trials, trials_may_run
 from torchkiln.runner.launch.trial_process import preflight, run_trial
 from torchkiln.runner.protocol.trial import TrialSpec, base_result
 from torchkiln.runner.protocol.worker import write_json
 from torchkiln.runner.store.rundir import RunDir
 from torchkiln.tune import evidence as gather
 from torchkiln.tune import recommend
+from torchkiln.tune.diagnosis import Diagnosis, Findings
+from torchkiln.tune.head_to_head import head_to_head_stage
 from torchkiln.tune.limits import (
     FINAL_RESERVE_S,
     Estimator,
     does_not_fit,
-    head_to_head_cost,
     head_to_head_reserve,
     search_limits,
     search_room,
@@ -41,16 +46,13 @@ from torchkiln.tune.results_header import results_header
 from torchkiln.tune.search import (
     Candidate,
     Evidence,
+    after_diagnosis,
     candidates,
     refinements,
 )
-from torchkiln.tune.select import finalists, select
 from torchkiln.tune.select import leader as current_leader
-from torchkiln.tune.time_spent import StageClock, stage_seconds, time_spent
-
-# The graph-break stage's least time when remedies are searched: a 45 s GPU tune left explain
-# a quarter of what was left, too little to trace a model in a fresh process.
-EXPLAIN_FLOOR_S = 30.0
+from torchkiln.tune.select import select
+from torchkiln.tune.time_spent import StageClock, beside_seconds, stage_seconds, time_spent
 
 
 class TuneEvents:
@@ -88,63 +90,6 @@ def run_in_process(spec: TrialSpec) -> dict[str, Any]:
         result["reason"] = f"{type(exc).__name__} during {phases.current}: {exc}"[:4000]
     result["notes"].append("ran in the calling process: no crash isolation, shared caches")
     return result
-
-
-# Index of head-to-head trials in the run directory: apart from the search's (1, 2, ...).
-H2H_INDEX = 100
-
-
-def _head_to_head_stage(
-    results: list[dict[str, Any]],
-    eager: dict[str, Any],
-    allow_precision: set[str],
-    base: TrialSpec,
-    run_one: Any,
-    slots: list[int | None],
-    left: Any,
-    events: TuneEvents,
-    stages: dict[str, Any],
-) -> list[dict[str, Any]]:
-    """Each challenger timed against the leader in one process (see select.finalists): the
-    comparison that drift between trials cannot fake. Correctness was checked in the search."""
-    final = finalists(results, eager, allow_precision)
-    stages["head_to_head"] = {"leader": None, "challengers": [], "skipped": {}}
-    if not final:
-        return []
-    leader, challengers = final[0], final[1:]
-    stage = stages["head_to_head"]
-    stage["leader"] = leader["variant"]
-    specs = []
-    for k, c in enumerate(challengers):
-        need = head_to_head_cost(leader, c)
-        room = left() - FINAL_RESERVE_S
-        if need > room:
-            why = does_not_fit(need, room, "the report")
-            stage["skipped"][c["variant"]] = why
-            events.skipped(f"{c['variant']} vs {leader['variant']}", why)
-            continue
-        stage["challengers"].append(c["variant"])
-        specs.append(
-            replace(
-                base,
-                variant=c["variant"],
-                baseline=leader["variant"],
-                index=H2H_INDEX + k,
-                check_accuracy=False,
-                count_kernels=False,
-                stop_halfwidth=None,  # the comparison that decides the pick runs every rep
-                extra={
-                    **base.extra,
-                    "unchecked_because": "a head-to-head trial: its search trial checked it",
-                },
-            )
-        )
-    if not specs:
-        return []
-    names = ", ".join(s.variant for s in specs)
-    events.stage("head to head", f"{names} against {leader['variant']}", left())
-    # One at a time: this comparison decides the pick, and its reps then wait on nothing.
-    return LocalExecutor(slots[0]).run(specs, run_one)
 
 
 def refine(
@@ -309,55 +254,69 @@ def tune(
     if eager["status"] != "ok":
         raise KilnUserError(f"the eager baseline failed ({eager['status']}): {eager['reason']}")
 
-    if in_process:
-        why = "an in-process model cannot be handed to the profiling and explain processes"
-        stages["profile"] = {"status": "skipped", "reason": why}
-        stages["graph_breaks"] = {"status": "skipped", "reason": why, "breaks": None}
-    else:
-        events.stage("profile", "where the eager step spends its time", left())
-        stages["profile"] = gather.stage(gather.profile_verdict, base, min(300.0, left() / 4))
-        events.stage("graph breaks", "kiln explain", left())
-        # Its findings are the remedies' source: at least 30 s, even from a short budget.
-        floor = 0.0 if fix == "none" else EXPLAIN_FLOOR_S
-        stages["graph_breaks"] = gather.stage(
-            gather.graph_breaks, base, min(300.0, max(floor, left() / 4))
-        )
-    # Each break's remedies become candidates (torchkiln.repair): rewritten copies, patches.
-    stages["repair"], plan_doc = gather.repair_plan(
-        base, stages["graph_breaks"], fix, out / "repair"
-    )
-    if plan_doc is not None and plan_doc["fixes"]:
-        # The plan's digest too: a later tune into this directory reuses no remedied trial
-        # of a plan that has since changed (an edited model file).
-        digest = hashlib.sha256(Path(plan_doc["path"]).read_bytes()).hexdigest()
-        extra = {**base.extra, PLAN_KEY: plan_doc["path"], "repair_plan_sha256": digest}
-        base = replace(base, extra=extra)
-    conv, repeated = gather.model_facts(base)
+    conv, repeated = gather.model_facts(base)  # before anything runs beside this process
     evidence = Evidence(
         device=device,
         step=step,
         convolutional=conv,
         has_repeated_blocks=repeated,
-        graph_breaks=stages["graph_breaks"].get("breaks"),
-        verdict=stages["profile"].get("verdict"),
         allow_precision=set(allow_precision),
         xla_available=all(importlib.util.find_spec(m) for m in ("jax", "torchax")),
-        fixes=list(plan_doc["fixes"]) if plan_doc else [],
     )
-    plan = candidates(evidence)
-    stages["search"] = {
-        "evidence": evidence.__dict__ | {"allow_precision": sorted(allow_precision)},
-        "planned": [c.spec for c in plan],
-        "skipped": {},
-    }
-
-    # Estimates are updated from what each trial really took.
-    estimate = Estimator(float(eager.get("process_wall_s") or 30.0))
     if in_process:
         slots, in_flight = [None], "1 at once: trials run in this process"
     else:
         gpus = [g for g in visible_gpus(device) if g is not None]
         slots, in_flight = search_slots(device, gpus, eager, compile_workers)
+    # The diagnosis takes one of the places in flight: beside the search's first trials when
+    # there are two or more (never on the CPU, where a compile beside another reads slower).
+    beside = not in_process and len(slots) > 1
+    host_lock = (host_turns() or executors.host_lock_file()) if beside else None
+    for key in ("profile", "graph_breaks", "repair"):  # in this order in results.json
+        stages[key] = {"status": "running"}
+    diagnosed: dict[str, Any] = {}  # the plan's document, once the diagnosis is in
+
+    def absorb(found: Findings) -> list[Candidate]:
+        """The diagnosis into the evidence; the plan it gives."""
+        nonlocal base
+        stages["profile"], stages["graph_breaks"] = found.profile, found.graph_breaks
+        stages["repair"], plan_doc = found.repair, found.plan
+        diagnosed["plan"] = plan_doc
+        if plan_doc is not None and plan_doc["fixes"]:
+            # The plan's digest too: a later tune into this directory reuses no remedied trial
+            # of a plan that has since changed (an edited model file).
+            digest = hashlib.sha256(Path(plan_doc["path"]).read_bytes()).hexdigest()
+            extra = {**base.extra, PLAN_KEY: plan_doc["path"], "repair_plan_sha256": digest}
+            base = replace(base, extra=extra)
+        evidence.graph_breaks = found.graph_breaks.get("breaks")
+        evidence.verdict = found.profile.get("verdict")
+        evidence.fixes = list(plan_doc["fixes"]) if plan_doc else []
+        return candidates(evidence)
+
+    diagnosis = Diagnosis(base, fix, out, left, clock)
+    pending_diagnosis = None
+    if in_process:
+        why = "an in-process model cannot be handed to the profiling and explain processes"
+        skipped = {"status": "skipped", "reason": why}
+        graph = {**skipped, "breaks": None}
+        repair, plan_doc = gather.repair_plan(base, graph, fix, out / "repair")
+        plan = absorb(Findings(skipped, graph, repair, plan_doc))
+    elif beside:
+        # The primaries (the plain modes, which the diagnosis does not change) start beside it;
+        # the rest of the plan, ordered by the verdict and holding the remedies, when it is in.
+        plan = [c for c in candidates(evidence) if c.primary]
+    else:
+        plan = absorb(diagnosis.run())
+    stages["search"] = {
+        "evidence": evidence.__dict__ | {"allow_precision": sorted(allow_precision)},
+        "planned": [c.spec for c in plan],
+        "skipped": {},
+    }
+    if beside:
+        stages["search"]["before_diagnosis"] = {"planned": [c.spec for c in plan]}
+
+    # Estimates are updated from what each trial really took.
+    estimate = Estimator(float(eager.get("process_wall_s") or 30.0))
     stages["search"]["in_flight"] = {"trials": len(slots), "why": in_flight}
     events.stage("search", f"trials in flight: {in_flight}", left())
     queue = SearchQueue(plan)
@@ -365,6 +324,7 @@ def tune(
     stages["search"]["deferred"] = queue.deferred_why
     next_index = len(plan) + 1
     running: set[str] = set()  # started, no result yet
+    idle_since: list[float] = []  # when the last trial ended
 
     def search_left(more_to_come: bool = True) -> float:
         kept = FINAL_RESERVE_S
@@ -387,9 +347,38 @@ def tune(
     def defer(cand: Candidate, why: str) -> None:
         events.deferred(cand.spec, f"{why}; tried again when the queue is empty")
 
+    def diagnosis_in() -> bool:
+        """Whether the diagnosis is in; the moment it is, the rest of the plan is queued."""
+        nonlocal pending_diagnosis, next_index
+        if pending_diagnosis is None:
+            return True
+        if not pending_diagnosis.done():
+            return False
+        found, pending_diagnosis = pending_diagnosis.result(), None  # raises what it raised
+        search = stages["search"]
+        early = search["before_diagnosis"]
+        # What the overlap did not save: the search idle, its first trials done, the rest of
+        # the plan waiting for the diagnosis.
+        idle = time.monotonic() - idle_since[0] if not running and idle_since else 0.0
+        early["waited_s"] = round(idle, 3)
+        rest, early["stand_for"] = after_diagnosis(early["planned"], absorb(found), evidence)
+        search["evidence"] = evidence.__dict__ | {"allow_precision": sorted(allow_precision)}
+        search["planned"] += [c.spec for c in rest]
+        queue.pending.extend(enumerate(rest, start=next_index))
+        next_index += len(rest)
+        next_index = refine(
+            results, eager, evidence, queue.pending, stages["search"], next_index,
+            running | queue.waiting(),
+        )  # fmt: skip
+        return True
+
     def next_trial() -> tuple[Candidate, TrialSpec] | None:
         # The next candidate that fits what is left, when a GPU frees (executors.stream).
-        taken = queue.take(fits, bool(running), skip, defer)
+        diagnosed_now = diagnosis_in()
+        if not diagnosed_now and len(running) >= len(slots) - 1:
+            return None  # the diagnosis holds one place in flight
+        # Before the diagnosis, deferred primaries wait with it for the rest of the plan.
+        taken = queue.take(fits, bool(running) or not diagnosed_now, skip, defer)
         if taken is None:
             return None
         i, cand = taken
@@ -397,7 +386,7 @@ def tune(
         second_turn = cand.spec in queue.deferred_why
         caps[spec.id] = search_limits(estimate(cand), search_left(not second_turn))
         running.add(cand.spec)
-        events.stage("search", f"{cand.spec} (of {len(plan)})", left())
+        events.stage("search", f"{cand.spec} (of {len(stages['search']['planned'])})", left())
         return cand, spec
 
     def trial_done(cand: Candidate, r: dict[str, Any]) -> None:
@@ -405,14 +394,34 @@ def tune(
         results.append(r)
         repair_judge.mark(r, results, evidence.graph_breaks)
         running.discard(cand.spec)
+        idle_since[:] = [time.monotonic()]
         estimate.learn(cand, r)
+        if pending_diagnosis is not None:
+            return  # the leader's refinements wait for the remedies (a refinement of their own)
         next_index = refine(
             results, eager, evidence, queue.pending, stages["search"], next_index,
             running | queue.waiting(),
         )  # fmt: skip
 
-    # Several GPUs: a trial starts whenever one frees, taking turns on the host (host_lock.py).
-    executors.stream(slots, next_trial, run_one, trial_done)
+    # Several GPUs: a trial starts whenever one frees, taking turns on the host (host_lock.py);
+    # the diagnosis, if it runs beside, on the same lock file.
+    if beside:
+        pending_diagnosis = diagnosis.start(host_lock)
+    try:
+        executors.stream(
+            slots, next_trial, run_one, trial_done, host_lock=host_lock, until=pending_diagnosis
+        )
+        diagnosis_in()  # ended while the last trial did
+    except BaseException:
+        if pending_diagnosis is not None:  # its subprocess is ended before this raises on
+            stop_trials()
+            wait([pending_diagnosis])
+            trials_may_run()
+        raise
+    finally:
+        if host_lock is not None and host_lock != host_turns():
+            remove_lock_files(host_lock)
+    plan_doc = diagnosed.get("plan")
     # In plan order, as one GPU would have run them (they finish in any order side by side).
     results[1:] = sorted(results[1:], key=lambda r: int(r["id"].split("-", 1)[0]))
     for r in results:
@@ -421,7 +430,7 @@ def tune(
         stages["repair"]["break_costs"] = repair_judge.break_costs(plan_doc, results, eager)
     h2h = []
     if steps is None:
-        h2h = _head_to_head_stage(
+        h2h = head_to_head_stage(
             results, eager, set(allow_precision), base, run_one, slots, left, events, stages
         )
     events.stage("select", "", left())
@@ -464,14 +473,15 @@ def tune(
         "head_to_head_trials": h2h,
         "baseline_drift": baseline_drift(results),
     }
-    doc["time_spent"] = time_spent(doc, stage_seconds(clock.marks, t0, time.monotonic()))
+    beside_s = beside_seconds(clock.beside_spans)
+    doc["time_spent"] = time_spent(doc, stage_seconds(clock.marks, t0, time.monotonic()), beside_s)
     write_json(out / "results.json", doc)
     from torchkiln.report.render import write_reports
 
     clock.marks.append(("report", time.monotonic()))  # not announced: the console has its line
     write_reports(doc, out, history=history)
     doc["wall_s"] = time.monotonic() - t0
-    doc["time_spent"] = time_spent(doc, stage_seconds(clock.marks, t0, time.monotonic()))
+    doc["time_spent"] = time_spent(doc, stage_seconds(clock.marks, t0, time.monotonic()), beside_s)
     write_json(out / "results.json", doc)
     from torchkiln.history import record
 

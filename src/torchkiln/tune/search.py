@@ -272,3 +272,32 @@ def refinements(leader_spec: str, ev: Evidence) -> list[Candidate]:
 
 
 AUTOTUNED = {"default": "max-autotune-no-cudagraphs", "reduce-overhead": "max-autotune"}
+
+
+def after_diagnosis(
+    started: list[str], plan: list[Candidate], ev: Evidence
+) -> tuple[list[Candidate], dict[str, str]]:
+    """The plan made from the diagnosis, less what the search measured before it came in
+    (``started``: the primaries planned without it). With no graph break the plan's primaries
+    carry `fullgraph=true`, which changes nothing a zero-break model compiles to (it only turns
+    a break into an error), so the one measured without it stands for it. Returns (the rest
+    of the plan, {planned spec: the measured spec standing for it})."""
+    done = set(started)
+    rest, stand_for = [], {}
+    for c in plan:
+        if c.spec in done:
+            continue
+        twin = without_fullgraph(c.spec) if ev.graph_breaks == 0 else None
+        if twin is not None and twin in done:
+            stand_for[c.spec] = twin
+            continue
+        rest.append(c)
+    return rest, stand_for
+
+
+def without_fullgraph(spec: str) -> str | None:
+    """``spec`` without `fullgraph=true`, or None when it has none."""
+    v = parse_variant(spec)
+    if getattr(v.backend, "fullgraph", None) is not True:
+        return None
+    return parse_variant(_add_knob(spec, fullgraph="false")).spec

@@ -1,11 +1,15 @@
 """Where a tune's time went: wall seconds per stage (environment, baseline, profile, graph
 breaks, search, head to head, select, report) and each trial phase's seconds summed over the
-trials this run measured, so a user sees what the budget bought."""
+trials this run measured, so a user sees what the budget bought. Stages run beside the others
+(the diagnosis beside the search's first trials) are counted apart, as overlap: the wall is the
+main line's stages alone."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 # Time before the first stage below this is argument checking, not worth a row.
@@ -19,10 +23,25 @@ class StageClock:
     def __init__(self, events: Any) -> None:
         self._events = events
         self.marks: list[tuple[str, float]] = []
+        # (name, start, end) of stages run beside the main line, in another thread.
+        self.beside_spans: list[tuple[str, float, float]] = []
+        self._lock = threading.Lock()
 
     def stage(self, name: str, detail: str, seconds_left: float) -> None:
         self.marks.append((name, time.monotonic()))
         self._events.stage(name, detail, seconds_left)
+
+    @contextlib.contextmanager
+    def beside(self, name: str, detail: str, seconds_left: float) -> Iterator[None]:
+        """A stage run beside the main line (which it does not mark): its span is kept apart
+        (``beside_spans``), even when it fails."""
+        start = time.monotonic()
+        self._events.stage(name, detail, seconds_left)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.beside_spans.append((name, start, time.monotonic()))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._events, name)
@@ -38,6 +57,14 @@ def stage_seconds(marks: Iterable[tuple[str, float]], start: float, end: float) 
         out["setup"] = marks[0][1] - start
     for (name, t), nxt in zip(marks, [m[1] for m in marks[1:]] + [end], strict=True):
         out[name] = out.get(name, 0.0) + max(0.0, nxt - t)
+    return out
+
+
+def beside_seconds(spans: Iterable[tuple[str, float, float]]) -> dict[str, float]:
+    """Seconds per stage run beside the main line (a name run twice sums its spans)."""
+    out: dict[str, float] = {}
+    for name, start, end in spans:
+        out[name] = out.get(name, 0.0) + max(0.0, end - start)
     return out
 
 
@@ -58,12 +85,15 @@ def phase_seconds(trials: Iterable[dict[str, Any]]) -> tuple[dict[str, float], d
     return phases, {"trials": counted, "reused_trials": reused, "process_s": process}
 
 
-def time_spent(doc: dict[str, Any], stages_s: dict[str, float]) -> dict[str, Any]:
-    """The ``time_spent`` object of a tune's results.json."""
+def time_spent(
+    doc: dict[str, Any], stages_s: dict[str, float], beside_s: dict[str, float] | None = None
+) -> dict[str, Any]:
+    """The ``time_spent`` object of a tune's results.json. ``beside_s``: stages that ran beside
+    the main line's (already inside the wall and the stages they overlapped, never added)."""
     trials = [*doc.get("trials", []), *doc.get("head_to_head_trials", [])]
     phases, counts = phase_seconds(trials)
     in_phases = sum(phases.values())
-    return {
+    out = {
         "wall_s": float(doc.get("wall_s") or sum(stages_s.values())),
         "stages_s": {k: round(v, 3) for k, v in stages_s.items()},
         "phases_s": {k: round(v, 3) for k, v in phases.items()},
@@ -73,6 +103,9 @@ def time_spent(doc: dict[str, Any], stages_s: dict[str, float]) -> dict[str, Any
         # A trial process's time before its first phase: interpreter start, kiln's imports.
         "outside_phases_s": round(max(0.0, counts["process_s"] - in_phases), 3),
     }
+    if beside_s:
+        out["beside_s"] = {k: round(v, 3) for k, v in beside_s.items()}
+    return out
 
 
 def console_line(spent: dict[str, Any] | None) -> str | None:
@@ -82,6 +115,9 @@ def console_line(spent: dict[str, Any] | None) -> str | None:
     stages = ", ".join(f"{k} {v:.0f}s" for k, v in spent["stages_s"].items() if v >= 0.5)
     top = sorted(spent["phases_s"].items(), key=lambda kv: -kv[1])[:3]
     phases = ", ".join(f"{k} {v:.0f}s" for k, v in top)
+    beside = ", ".join(f"{k} {v:.0f}s" for k, v in (spent.get("beside_s") or {}).items())
+    if beside:
+        stages += f"; beside the search: {beside}"
     line = f"time spent: {spent['wall_s']:.0f}s ({stages})"
     if phases:
         line += f"; over {spent['trials']} trials: {phases}"

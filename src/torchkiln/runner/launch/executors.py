@@ -178,6 +178,9 @@ def stream(
     next_trial: Callable[[], tuple[Any, TrialSpec] | None],
     run_one: RunOne,
     on_done: Callable[[Any, dict[str, Any]], None],
+    *,
+    host_lock: str | None = None,
+    until: Future | None = None,
 ) -> None:
     """Keeps every slot busy with trials chosen one at a time: whenever a slot is free,
     ``next_trial()`` gives ``(tag, spec)`` or None (nothing to start now); each result goes to
@@ -186,15 +189,20 @@ def stream(
     what has finished, and no slot waits for a slower neighbour (a search in batches of one
     trial per GPU left a GPU idle 41 s of a 129 s batch on two H200s, commit 94c62e6). With one
     slot the trials run in this thread, one after another; with several they take turns on the
-    host (host_lock.py)."""
-    if len(slots) < 2:
+    host (host_lock.py), on ``host_lock`` when given (the caller's, which it removes), else on
+    a fresh file.
+
+    ``until``: work running beside the trials (a tune's diagnosis) whose end may give
+    ``next_trial`` more to start; the stream ends only once it is done, and its end wakes the
+    stream as a trial's does. Its result is the caller's to read."""
+    if len(slots) < 2 and until is None:
         while (item := next_trial()) is not None:
             on_done(item[0], _call(run_one, item[1], slots[0] if slots else None))
         return
     # Several kiln processes on this host (KILN_HOST_TURNS) share one turns file: this search's
     # trials then take turns with the others' too, not only among themselves.
-    shared = host_turns()
-    lock = shared or host_lock_file()
+    given = host_lock or host_turns()
+    lock = given or host_lock_file()
     free = list(slots)
     running: dict[Future, tuple[Any, int | None]] = {}
     stopped = False
@@ -202,14 +210,19 @@ def stream(
         with ThreadPoolExecutor(max_workers=len(slots)) as pool:
             try:
                 while True:
+                    # Read before asking for trials: an `until` that ends meanwhile wakes the
+                    # wait below at once, and next_trial is asked again.
+                    beside = [] if until is None or until.done() else [until]
                     while free and (item := next_trial()) is not None:
                         slot = free.pop(0)
                         fut = pool.submit(_call, run_one, item[1], slot, lock)
                         running[fut] = (item[0], slot)
-                    if not running:
+                    if not running and not beside:
                         return
-                    done, _ = wait(running, return_when=FIRST_COMPLETED)
+                    done, _ = wait([*running, *beside], return_when=FIRST_COMPLETED)
                     for fut in done:
+                        if fut is until:
+                            continue
                         tag, slot = running.pop(fut)
                         free.append(slot)
                         on_done(tag, fut.result())  # _call never raises an Exception
@@ -222,7 +235,7 @@ def stream(
     finally:
         if stopped:
             trials_may_run()
-        if not shared:
+        if given is None:
             remove_lock_files(lock)
 
 

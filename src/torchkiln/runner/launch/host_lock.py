@@ -41,6 +41,9 @@ TURNSTILE_SUFFIX = ".turn"
 # training on two H200s: a regional-compile trial waited ~60 s for its neighbour's whole-step
 # compile, and that wait, counted against its 125 s cap, stopped it in its timed reps.
 WAITING_SUFFIX = " (waiting for the host)"
+# A wait for a turn shorter than this (an uncontended lock) gets no interval of its own in a
+# phase record (``phase_at``); its seconds still count in ``host_wait``.
+WAIT_SHOWN_S = 0.001
 # Phases whose timing is the result: the paired reps. Warm-up runs before them under the shared
 # lock (its steps are not the result, and a compiled baseline's warm-up may compile).
 TIMED_PHASES = frozenset({"measure", "measure_baseline"})
@@ -73,7 +76,12 @@ class HostLock:
         return cls(path) if path else None
 
     def enter(self, phase: str) -> float:
-        mode = lock_mode(phase)
+        return self.hold(lock_mode(phase))
+
+    def hold(self, mode: int | None) -> float:
+        """Take ``mode`` (fcntl.LOCK_EX for timed work, LOCK_SH for other work, None for
+        nothing), releasing what was held; returns the seconds waited. For a process whose
+        phases are not a trial's (the profile worker's timed steps)."""
         if mode == self.mode and mode != fcntl.LOCK_SH:
             return 0.0  # one timed phase to the next (or done to done): the turn is kept
         if self.mode is not None:

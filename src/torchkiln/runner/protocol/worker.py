@@ -15,7 +15,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from torchkiln.runner.launch.host_lock import WAITING_SUFFIX, HostLock
+from torchkiln.runner.launch.host_lock import WAIT_SHOWN_S, WAITING_SUFFIX, HostLock
 from torchkiln.runner.launch.orphan import exit_with_launcher
 from torchkiln.runner.protocol.trial import TrialSpec, base_result
 
@@ -55,21 +55,29 @@ class Phases:
         self.lock = lock  # a pooled trial's turn on the host (host_lock.py)
         self.current = "start"
         self.started = time.perf_counter()
+        self.started_at = time.time()
         self.seconds: dict[str, float] = {}
+        # [phase, start, end] in wall-clock seconds (time.time), in order, a wait for the host
+        # as its own "host_wait" entry: what a tune's record of its turns is checked against.
+        self.at: list[list[Any]] = []
 
     def __call__(self, name: str) -> None:
-        now = time.perf_counter()
-        self.seconds[self.current] = self.seconds.get(self.current, 0.0) + now - self.started
         if self.lock is not None:
             if self.path:
                 Path(self.path).write_text(f"{name}{WAITING_SUFFIX}")
             # Trials sharing one GPU: a phase's kernels may still be queued when its turn ends,
             # and would run beside a neighbour's timed reps. The phase ends when they have.
             device_idle()
+        now, wall = time.perf_counter(), time.time()
+        self.seconds[self.current] = self.seconds.get(self.current, 0.0) + now - self.started
+        self.at.append([self.current, round(self.started_at, 3), round(wall, 3)])
+        if self.lock is not None:
             waited = self.lock.enter(name)
             self.seconds["host_wait"] = self.seconds.get("host_wait", 0.0) + waited
-            now = time.perf_counter()
-        self.current, self.started = name, now
+            if waited >= WAIT_SHOWN_S:
+                self.at.append(["host_wait", round(wall, 3), round(time.time(), 3)])
+            now, wall = time.perf_counter(), time.time()
+        self.current, self.started, self.started_at = name, now, wall
         if self.path:
             Path(self.path).write_text(name)
 
@@ -190,6 +198,7 @@ def main(argv: list[str]) -> int:
     phases("done")  # releases the host lock, if any
     result["phase"] = result.pop("failed_phase", "done")
     result["phase_s"] = phases.seconds
+    result["phase_at"] = phases.at
     if before_s is not None:
         # Start and setup: what a warm start (warm.py) forks ready and a cold one imports.
         result["start_s"] = before_s + phases.seconds.get("start", 0.0)
