@@ -260,3 +260,45 @@ def test_the_api_takes_a_stream_with_a_workload_spec_only(tmp_path):
     with pytest.raises(KilnUserError, match="a stream tune takes a workload spec"):
         torchkiln.tune(torch.nn.Linear(2, 2), (torch.randn(1, 2),), device="cpu",
                        stream_len=5, out=tmp_path / "t")  # fmt: skip
+
+
+EMBED_FACTORY = """
+import torch
+from torchkiln.workloads.base import Workload
+
+
+class Tokens(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(32, 8)
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, ids):
+        return self.lin(self.emb(ids))
+
+
+def make(preset="full", batch_size=None, **_):
+    torch.manual_seed(0)
+    mk = lambda batch, seq: (torch.randint(0, 32, (batch, seq)),)
+    return Workload(name="tokens", model=Tokens().eval(), example_inputs=mk(2, 8),
+                    make_inputs=mk, size_limits={"seq": 64})
+"""
+
+
+@pytest.mark.gpu
+def test_a_bucketed_trial_warms_up_on_the_models_device(tmp_path):
+    # the warm-up's example request (token ids, made on the CPU as every stream item is) is
+    # moved to the model's device like the replay's items: an embedding lookup with CPU ids
+    # into CUDA weights fails on the first bucket
+    from torchkiln.cli_stream import run_stream_trial
+
+    (tmp_path / "tokens.py").write_text(EMBED_FACTORY)
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(f'{{"batch": 2, "seq": {s}}}\n' for s in [5, 9, 16] * 3))
+    spec = {"workload": f"{tmp_path / 'tokens.py'}:make", "preset": "tiny", "device": "cuda"}
+    r = run_stream_trial(
+        {**spec, "stream": str(trace), "variant": "inductor:dynamic=false+bucket=pow2"}, 300
+    )
+    assert r["status"] == "ok", r
+    assert r["buckets"] == {"seq": [8, 16]}
+    assert r["mismatched_items"] == []
