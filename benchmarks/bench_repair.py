@@ -22,6 +22,13 @@ stages plus its primaries and their remedied twins); --paired adds a trial per p
 --jobs N runs the models in N processes at once that take turns on the host (KILN_HOST_TURNS):
 their compiles overlap, while no process times its reps, or runs its profile or explain, during
 another's timed reps.
+--plain-only runs no tune: the plain modes the kept tunes did not measure (the autotuned two)
+are timed against each pick, paired in one process, and merged with the ones the tune measured;
+a stopped --plain-only run's finished parts are picked up by the next. --resume --redo MODEL
+tunes a kept model again. The committed results:
+    --jobs 4 --budget 4m, then --resume --redo zoo-smooth-net --budget 5m, then
+    --plain-only --plain-modes default,reduce-overhead,max-autotune-no-cudagraphs,max-autotune
+    --jobs 4 --plain-timeout 150 (each command is in bench_repair.json).
 CPU check of the script itself: --device cpu --preset tiny --budget 2m.
 """
 
