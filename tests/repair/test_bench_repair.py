@@ -130,3 +130,67 @@ def test_parts_get_the_options_less_the_ones_the_parent_splits():
     argv = ["--out", "o", "--models=a,b", "--jobs", "4", "--budget", "3m", "--resume", "--paired"]
     kept = br.argv_without(argv, {"--models", "--jobs", "--part"})
     assert kept == ["--out", "o", "--budget", "3m", "--resume", "--paired"]
+
+
+def test_plain_only_times_what_the_tune_did_not_measure_and_recovers_a_stopped_runs_parts(
+    tmp_path, monkeypatch
+):
+    # --plain-only: the tune measured default and reduce-overhead at bf16; the autotuned two
+    # are timed against the pick and merged with them (each row saying where it came from);
+    # a stopped run's finished part is taken as it is and its model not measured again
+    import json
+
+    br = _load()
+    pick = "inductor:mode=reduce-overhead,dynamic=false+bf16+fix=code:all"
+    tune_doc = {
+        "trials": [
+            _trial(pick, 6.0, 5.8, 6.2),
+            _trial("inductor:dynamic=false+bf16", 2.0, 1.9, 2.1),
+            _trial("inductor:mode=reduce-overhead,dynamic=false+bf16", 3.0, 2.9, 3.1),
+        ]
+    }
+    for model in ("zoo-encoder", "zoo-gated-mlp"):
+        (tmp_path / model).mkdir()
+        (tmp_path / model / "results.json").write_text(json.dumps(tune_doc))
+    asked: list[tuple[str, list[str]]] = []
+
+    def fake_paired(args, model, pick_, plan, out, variants=None):
+        asked.append((model, variants))
+        return {"pick_over_plain": {v: {"ratio": 1.5, "ci95": [1.4, 1.6]} for v in variants},
+                "not_measured": {}, "best_plain": variants[0]}  # fmt: skip
+
+    monkeypatch.setattr(br, "plain_against_pick", fake_paired)
+    monkeypatch.setattr(br, "rebuild_plan", lambda *a: "plan.json")
+    rows = [{"model": m, "pick": pick, "breaks": 1} for m in ("zoo-encoder", "zoo-gated-mlp")]
+    (tmp_path / "bench_repair.json").write_text(json.dumps({"rows": rows, "command": "tune"}))
+    finished = {**rows[1], "plain": {}, "over_best_plain": {"ratio": 9.0}, "never_slower": True}
+    (tmp_path / "bench_repair.part-0.json").write_text(
+        json.dumps({"rows": [finished], "command": "stopped part"})
+    )
+    modes = "default,reduce-overhead,max-autotune-no-cudagraphs,max-autotune"
+    assert br.main(["--out", str(tmp_path), "--plain-only", "--plain-modes", modes]) == 0
+    autotuned = ["inductor:mode=max-autotune-no-cudagraphs+bf16", "inductor:mode=max-autotune+bf16"]
+    assert asked == [("zoo-encoder", autotuned)]
+    doc = json.loads((tmp_path / "bench_repair.json").read_text())
+    enc, gated = doc["rows"]
+    plain = enc["plain"]["pick_over_plain"]
+    assert plain["inductor:dynamic=false+bf16"]["from"] == "the tune's own trials"
+    assert plain["inductor:mode=max-autotune+bf16"]["from"] == "paired against the pick"
+    assert enc["over_best_plain"]["ratio"] == 1.5  # below the tune's 3.0 and 2.0
+    assert enc["plain"]["not_measured"] == {}
+    assert gated["over_best_plain"]["ratio"] == 9.0  # the stopped part's row, as it was
+    assert doc["commands"] == ["tune", "stopped part", doc["commands"][-1]]
+    assert not list(tmp_path.glob("bench_repair.part-*.json"))
+
+
+def test_an_eager_pick_is_timed_against_the_plain_modes_at_every_allowed_precision():
+    import argparse
+
+    br = _load()
+    args = argparse.Namespace(allow_precision="bf16")
+    got = br.plain_variants(args, "eager", ("default", "max-autotune"))
+    assert got == ["inductor", "inductor:mode=max-autotune", "inductor+bf16",
+                   "inductor:mode=max-autotune+bf16"]  # fmt: skip
+    assert br.plain_variants(args, "inductor+bf16", ("default", "max-autotune")) == [
+        "inductor:mode=max-autotune+bf16"
+    ]
