@@ -224,3 +224,27 @@ def test_a_search_with_several_slots_takes_its_turns_on_the_shared_file(tmp_path
     assert sorted(done) == ["v0", "v1", "v2"]
     assert seen == [str(turns)] * 3
     assert turns.exists()
+
+
+def test_a_timed_turn_is_exclusive_and_a_busy_one_shared(tmp_path):
+    # a stream replay (timed) shuts every other turn out; a diagnosis subprocess (busy) only
+    # a timed one
+    from torchkiln.runner.launch.host_lock import shared_turn
+
+    path = str(tmp_path / "turns.lock")
+
+    def can(mode: int) -> bool:
+        fd = os.open(path, os.O_RDWR)
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)
+
+    with shared_turn(path, timed=True):
+        assert not can(fcntl.LOCK_SH) and not can(fcntl.LOCK_EX)
+    with shared_turn(path):
+        assert can(fcntl.LOCK_SH) and not can(fcntl.LOCK_EX)
+    assert can(fcntl.LOCK_EX)

@@ -302,3 +302,14 @@ def test_a_bucketed_trial_warms_up_on_the_models_device(tmp_path):
     assert r["status"] == "ok", r
     assert r["buckets"] == {"seq": [8, 16]}
     assert r["mismatched_items"] == []
+
+
+def test_a_stream_trial_past_its_timeout_is_a_timeout(tiny):
+    # the replay runs in its own session, ended with its process group at the timeout (here
+    # while it is still importing torch): a status with its reason, not a crash
+    from torchkiln.cli_stream import run_stream_trial
+
+    factory, trace = tiny
+    spec = {"workload": factory, "preset": "tiny", "device": "cpu", "stream": str(trace)}
+    r = run_stream_trial({**spec, "variant": "eager"}, 0.2)
+    assert r == {"variant": "eager", "status": "timeout", "error": "the trial ran past 0 s"}

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -85,13 +83,21 @@ def cmd_bench_stream(args: argparse.Namespace, device: str, variants: list[str])
 
 
 def run_stream_trial(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """One candidate's replay in a fresh process: on timeout its whole process group is ended
+    (Inductor's compile workers too), a Ctrl-C ends it, and with KILN_HOST_TURNS it holds an
+    exclusive turn throughout (its compiles and timed items interleave)."""
+    from torchkiln.diagnose._subproc import run_module
+
     with tempfile.TemporaryDirectory(prefix="kiln-stream-") as tmp:
         sp, op = Path(tmp) / "spec.json", Path(tmp) / "out.json"
         sp.write_text(json.dumps(spec))
-        cmd = [sys.executable, "-m", "torchkiln.runner.protocol.stream_trial", str(sp), str(op)]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
+        proc = run_module(
+            "torchkiln.runner.protocol.stream_trial",
+            [str(sp), str(op)],
+            timeout=timeout_s,
+            timed=True,
+        )
+        if proc.timed_out:
             return {
                 "variant": spec["variant"],
                 "status": "timeout",

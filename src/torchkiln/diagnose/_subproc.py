@@ -58,6 +58,7 @@ def run_module(
     env: Mapping[str, str | None] | None = None,
     cwd: str | None = None,
     own_turns: str | None = None,
+    timed: bool = False,
 ) -> ProcResult:
     """``python -m module args...``; on timeout the child's whole process group is killed
     (compile workers included), and whatever it printed so far is returned; on a stop
@@ -65,11 +66,12 @@ def run_module(
 
     Turns on the host (host_lock.py): with ``own_turns`` (a lock file) the child takes its own,
     shared for its busy work and exclusive for its timed steps (the profile worker); else this
-    process holds a shared turn on KILN_HOST_TURNS's file, if set, while the child runs."""
+    process holds a turn on KILN_HOST_TURNS's file, if set, while the child runs: shared, or
+    with ``timed`` exclusive (a child whose whole run is its timing, as a stream replay's)."""
     if own_turns is not None:
         return _run(module, args, timeout=timeout, env={**(env or {}), HOST_LOCK_ENV: own_turns},
                     cwd=cwd)  # fmt: skip
-    with shared_turn(host_turns()):
+    with shared_turn(host_turns(), timed=timed):
         return _run(module, args, timeout=timeout, env=env, cwd=cwd)
 
 

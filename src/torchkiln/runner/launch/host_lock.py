@@ -113,15 +113,16 @@ def host_turns() -> str | None:
 
 
 @contextlib.contextmanager
-def shared_turn(path: str | None) -> Iterator[float]:
-    """Hold a shared turn on ``path`` (no-op for None) while a block runs a busy subprocess;
-    yields the seconds waited for it."""
+def shared_turn(path: str | None, *, timed: bool = False) -> Iterator[float]:
+    """Hold a shared turn on ``path`` (no-op for None) while a block runs a busy subprocess,
+    or with ``timed`` an exclusive one (a stream replay, whose compiles and timed items
+    interleave, so the whole run is timed); yields the seconds waited for it."""
     if path is None:
         yield 0.0
         return
     lock = HostLock(path)
     try:
-        yield lock.enter("busy")
+        yield lock.enter("measure" if timed else "busy")
     finally:
         lock.close()
 
