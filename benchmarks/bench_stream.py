@@ -326,6 +326,14 @@ def summarize_pair(args: argparse.Namespace, workload: str, step: str, out: Path
     row["over_best_plain_steady"] = (
         ok[best_steady]["steady_time_per_item_s"] / pick_r["steady_time_per_item_s"]
     )
+    # the same ratio through each trial's own eager replay (pick speedup over plain speedup):
+    # a drift of the machine between two trials' processes cancels out of it
+    if pick_r.get("speedup") and ok[best_total].get("speedup"):
+        row["over_best_plain_total_via_eager"] = pick_r["speedup"] / ok[best_total]["speedup"]
+    # "in the same run": whether the pick and the best plain mode were replayed by one command
+    row["pick_and_best_plain_one_call"] = pick_r.get("invocation") == ok[best_total].get(
+        "invocation"
+    )
     row["goals"] = judge_row(row, step, row["over_best_plain_total"], wall, pick_r)
     return row
 
