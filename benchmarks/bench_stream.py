@@ -421,6 +421,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
                 f"{'':<16} best plain by steady ({r['best_plain_steady']}): {b['total_s']:.2f} s "
                 f"total, steady {_ms(b, 'steady_time_per_item_s')} ms/item (p50 {_ms(b, 'p50_s')})"
             )
+        if r.get("pick_and_best_plain_one_call") is False:
+            print(f"{'':<16} the pick and the best plain mode were replayed by different commands")
         for v, why in (r.get("plain_not_measured") or {}).items():
             print(f"{'':<16} not measured: {v}: {why}")
 
