@@ -109,7 +109,8 @@ def plain_dir(out: Path, workload: str, step: str) -> Path:
 
 
 def trial_file(d: Path, variant: str) -> Path:
-    return d / (re.sub(r"[^A-Za-z0-9.=-]+", "_", variant) + ".json")
+    # letters, digits, dots and dashes only: a name any copy of the results keeps as it is
+    return d / (re.sub(r"[^A-Za-z0-9.-]+", "_", variant) + ".json")
 
 
 def parse_part(text: str) -> tuple[str, str, str]:
