@@ -16,13 +16,16 @@ A GPU call is limited to 10 minutes, so the work comes in parts, each one comman
 - `plain:W:STEP`: the pick read from that tune's results.json, then the pick AND each plain mode
   (--plain-modes: default, reduce-overhead, max-autotune-no-cudagraphs, max-autotune, `dynamic`
   left at its default, at the pick's precision; for an eager or fp32 pick also at each allowed
-  16-bit precision) replayed on the same stream (the tune's preset and length), each a stream
+  16-bit precision) replayed on the same stream (the tune's preset, --stream-len items), each a
+  stream
   trial in its own process paired item by item with eager (runner.protocol.stream_trial). The
   pick is replayed again here, not taken from the tune, so it and the plain modes are measured
   in one run. Each trial's result is written as it finishes (OUT/W-STEP-plain/<variant>.json): a
   killed call keeps what finished, and a rerun of the same command measures only what is
-  missing. No trial is started with less than --min-trial of --part-budget left; a trial cut
-  short by the part's budget (not by --trial-timeout) leaves no file, so the rerun measures it.
+  missing. Each replay starts with empty Inductor and Triton caches, so its compiles cost what
+  a first run's do. No trial is started with less than --min-trial of --part-budget left; a
+  trial cut short by the part's budget (not by --trial-timeout) leaves no file, so the rerun
+  measures it.
 - `--summarize`: runs nothing; combines the parts present into OUT/bench_stream.json (the
   environment, every command, every trial) with the goals judged, and prints the table: the
   pick, the best plain mode, their ratio of whole-stream seconds (compiles and a bucketed pick's
@@ -45,7 +48,10 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +167,26 @@ def write_json(path: Path, doc: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
+@contextmanager
+def fresh_caches() -> Iterator[None]:
+    """Inductor's and Triton's caches empty for the trial started inside: a stream trial's
+    seconds include its compiles, and a kernel cached by the tune (or an earlier trial of
+    the same graph) would make a replay's compiles look cheaper than a user's first run."""
+    keys = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+    saved = {k: os.environ.get(k) for k in keys}
+    with tempfile.TemporaryDirectory(prefix="kiln-bench-stream-cache-") as tmp:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tmp) / "inductor")
+        os.environ["TRITON_CACHE_DIR"] = str(Path(tmp) / "triton")
+        try:
+            yield
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
 def run_tune(args: argparse.Namespace, workload: str, step: str, out: Path, command: str) -> None:
     from torchkiln.tune import tune
 
@@ -229,7 +255,8 @@ def run_plain(
         env = env or environment(args.device)
         timeout = min(args.trial_timeout, left)
         print(f"   {v} (up to {timeout:.0f} s)", flush=True)
-        r = run_stream_trial({**base, "variant": v}, timeout)
+        with fresh_caches():
+            r = run_stream_trial({**base, "variant": v}, timeout)
         if r.get("status") == "timeout" and timeout < args.trial_timeout:
             print(f"   {v}: stopped by --part-budget, not by its own limit; rerun to measure it")
             continue
