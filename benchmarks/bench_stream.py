@@ -17,8 +17,8 @@ A GPU call is limited to 10 minutes, so the work comes in parts, each one comman
   (--plain-modes: default, reduce-overhead, max-autotune-no-cudagraphs, max-autotune, `dynamic`
   left at its default, at the pick's precision; for an eager or fp32 pick also at each allowed
   16-bit precision) replayed on the same stream (the tune's preset, --stream-len items), each a
-  stream
-  trial in its own process paired item by item with eager (runner.protocol.stream_trial). The
+  stream trial in its own process paired item by item with eager (runner.protocol.stream_trial).
+  The
   pick is replayed again here, not taken from the tune, so it and the plain modes are measured
   in one run. Each trial's result is written as it finishes (OUT/W-STEP-plain/<variant>.json): a
   killed call keeps what finished, and a rerun of the same command measures only what is
