@@ -18,14 +18,12 @@ A GPU call is limited to 10 minutes, so the work comes in parts, each one comman
   left at its default, at the pick's precision; for an eager or fp32 pick also at each allowed
   16-bit precision) replayed on the same stream (the tune's preset, --stream-len items), each a
   stream trial in its own process paired item by item with eager (runner.protocol.stream_trial).
-  The
-  pick is replayed again here, not taken from the tune, so it and the plain modes are measured
+  The pick is replayed again here, not taken from the tune, so it and the plain modes are measured
   in one run. Each trial's result is written as it finishes (OUT/W-STEP-plain/<variant>.json): a
-  killed call keeps what finished, and a rerun of the same command measures only what is
-  missing. Each replay starts with empty Inductor and Triton caches, so its compiles cost what
-  a first run's do. No trial is started with less than --min-trial of --part-budget left; a
-  trial cut short by the part's budget (not by --trial-timeout) leaves no file, so the rerun
-  measures it.
+  killed call keeps what finished, and a rerun of the same command measures only what is missing.
+  Each replay starts with empty Inductor and Triton caches, so its compiles cost what a first
+  run's do. No trial is started with less than --min-trial of --part-budget left; a trial cut
+  short by the part's budget (not by --trial-timeout) leaves no file, so the rerun measures it.
 - `--summarize`: runs nothing; combines the parts present into OUT/bench_stream.json (the
   environment, every command, every trial) with the goals judged, and prints the table: the
   pick, the best plain mode, their ratio of whole-stream seconds (compiles and a bucketed pick's
