@@ -85,6 +85,27 @@ def test_static_compile_recompiles_per_shape_and_matches_eager():
     assert r["compile_time_s"] is None or r["compile_time_s"] > 0
 
 
+def test_steady_items_split_by_whether_their_shape_was_seen_before():
+    torch._dynamo.reset()
+    m = torch.nn.Linear(8, 4).eval()
+    # warm-up: the first 4 items (3, 5, 3, 5); after it 7, 9 and 11 are new to the replay,
+    # 3, 5 and the second 7 were seen before
+    seqs = (3, 5, 3, 5, 7, 3, 9, 5, 7, 11)
+    s = Stream.from_sizes(_make, [{"batch": 1, "seq": n} for n in seqs])
+    compiled = torch.compile(m, dynamic=False, backend="eager")
+    r = replay(compiled, m, s, warmup_fraction=0.4)
+    assert r["warmup_items"] == 4
+    assert r["steady_first_seen_items"] == 3
+    assert r["steady_seen_items"] == 3
+    # the two parts are the steady seconds, split
+    steady_s = r["steady_time_per_item_s"] * (r["items"] - r["warmup_items"])
+    assert r["steady_first_seen_s"] + r["steady_seen_s"] == pytest.approx(steady_s)
+    # one static graph per new shape, each compiled after warm-up
+    assert r["steady_compiles"] == 3
+    assert r["compiles"] == 5
+    assert r["steady_cudagraph_recordings"] in (0, None)
+
+
 def _kiln(*argv: str):
     import os
     import subprocess

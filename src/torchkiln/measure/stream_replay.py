@@ -35,6 +35,11 @@ def _values(x: Any) -> Any:
     return x.values() if isinstance(x, dict) else x
 
 
+def _shape(x: Any) -> tuple[tuple[int, ...], ...]:
+    """An item's input shapes: what decides whether a compiled candidate has met it before."""
+    return tuple(tuple(a.shape) for a in _values(x) if isinstance(a, torch.Tensor))
+
+
 def _to(x: Any, device: str) -> Any:
     if isinstance(x, dict):
         return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in x.items()}
@@ -73,7 +78,19 @@ def replay(
     t_c: list[float] = []
     t_e: list[float] = []
     mismatched: list[int] = []
+    k = int(len(stream) * warmup_fraction)
+    # per item: was its shape new to the replay? A steady mean far above the median is often new
+    # shapes paying what dynamo does not count (kernels specialised per size, autotuning,
+    # CUDA-graph recordings): their seconds are reported apart from the seen shapes'
+    seen: set[tuple[tuple[int, ...], ...]] = set()
+    first_seen: list[bool] = []
+    steady_before = before
     for i, x in enumerate(stream):
+        shape = _shape(x)
+        first_seen.append(shape not in seen)
+        seen.add(shape)
+        if i == k:
+            steady_before = compile_watch.snapshot()
         x = _to(x, device)
         try:
             with torch.no_grad():
@@ -91,16 +108,15 @@ def replay(
             first_item = compile_watch.delta(before, compile_watch.snapshot())
         if check is not None and not check(out, ref):
             mismatched.append(i)
-    counts = compile_watch.delta(before, compile_watch.snapshot())
-    k = int(len(t_c) * warmup_fraction)
+    after = compile_watch.snapshot()
+    counts = compile_watch.delta(before, after)
+    steady = compile_watch.delta(steady_before, after)
     c, e = np.asarray(t_c), np.asarray(t_e)
     ratios = e[k:] / c[k:]
-    shapes = {
-        tuple(tuple(a.shape) for a in _values(x) if isinstance(a, torch.Tensor)) for x in stream
-    }
+    new = np.asarray(first_seen[k:], dtype=bool)
     return {
         "items": len(stream),
-        "distinct_shapes": len(shapes),
+        "distinct_shapes": len(seen),
         "warmup_items": k,
         "time_per_item_s": float(c.mean()),
         "steady_time_per_item_s": float(c[k:].mean()),
@@ -111,6 +127,13 @@ def replay(
         "speedup": float(e.sum() / c.sum()),
         "steady_speedup": float(e[k:].sum() / c[k:].sum()),
         "steady_speedup_median_paired": float(np.median(ratios)),
+        "steady_first_seen_items": int(new.sum()),
+        "steady_first_seen_s": float(c[k:][new].sum()),
+        "steady_seen_items": int((~new).sum()),
+        "steady_seen_s": float(c[k:][~new].sum()),
+        "steady_compiles": steady["compiles"],
+        "steady_compile_time_s": steady["compile_time_s"],
+        "steady_cudagraph_recordings": steady["cudagraph_recordings"],
         "compile_time_s": counts["compile_time_s"],
         "eager_fallbacks": counts["eager_fallbacks"],
         "compiles": counts["compiles"],

@@ -1,0 +1,134 @@
+"""benchmarks/bench_stream.py's summary as pure functions over made-up parts (no trial runs):
+which plain modes a stream pick faces, and the goals judged from the files the parts leave."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location(
+        "bench_stream", ROOT / "benchmarks" / "bench_stream.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
+
+
+def test_a_bf16_pick_faces_the_four_plain_modes_at_bf16_after_itself():
+    b = _script()
+    pick = "inductor:mode=reduce-overhead,dynamic=false+bf16+bucket=learned"
+    assert b.replayed_variants(pick, MODES, ("bf16",)) == [
+        pick,
+        "inductor+bf16",
+        "inductor:mode=reduce-overhead+bf16",
+        "inductor:mode=max-autotune-no-cudagraphs+bf16",
+        "inductor:mode=max-autotune+bf16",
+    ]
+
+
+def test_an_fp32_or_eager_pick_also_faces_the_plain_modes_at_bf16():
+    b = _script()
+    for pick in ("inductor:dynamic=true", "eager"):
+        got = b.replayed_variants(pick, ("default",), ("bf16",))
+        assert got == [pick, "inductor", "inductor+bf16"]
+    # a pick that is a plain mode is replayed once, and is its own competitor
+    assert b.replayed_variants("inductor+bf16", ("default",), ("bf16",)) == ["inductor+bf16"]
+
+
+def _trial(total, steady, speedup, *, compiles=0, invocation="call 1", status="ok"):
+    return {
+        "status": status,
+        "items": 100,
+        "total_s": total,
+        "steady_time_per_item_s": steady,
+        "speedup": speedup,
+        "steady_compiles": compiles,
+        "invocation": invocation,
+        "command": f"python bench_stream.py --only plain ({invocation})",
+    }
+
+
+def _parts(tmp_path: Path, b, pick: str, trials: dict, wall_s: float = 300.0) -> None:
+    d = b.tune_dir(tmp_path, "bert-base", "infer")
+    d.mkdir(parents=True)
+    doc = {
+        "selection": {"best": pick, "reason": "fastest"},
+        "wall_s": wall_s,
+        "budget_s": 510.0,
+        "environment": {"gpu": "made up"},
+        "stream": {"items": 100},
+        "stages": {"search": {"planned": [pick], "skipped": {}}},
+    }
+    (d / "results.json").write_text(json.dumps(doc))
+    (d / "bench_part.json").write_text(
+        json.dumps({"command": "python bench_stream.py --only tune"})
+    )
+    p = b.plain_dir(tmp_path, "bert-base", "infer")
+    p.mkdir()
+    for v, t in trials.items():
+        (b.trial_file(p, v)).write_text(json.dumps(t))
+
+
+def _summary(tmp_path, b, modes=MODES):
+    args = argparse.Namespace(plain_modes=",".join(modes), allow_precision="bf16")
+    b.summarize(args, tmp_path, ["bert-base:infer"], "python bench_stream.py --summarize")
+    return json.loads((tmp_path / "bench_stream.json").read_text())
+
+
+def test_the_goals_are_judged_against_the_fastest_plain_mode(tmp_path):
+    b = _script()
+    pick = "inductor:dynamic=false+bf16+bucket=pow2"
+    trials = {
+        pick: _trial(10.0, 0.004, 6.0),
+        "inductor+bf16": _trial(30.0, 0.012, 2.0),
+        # the fastest plain mode over the whole stream, and a different one after warm-up
+        "inductor:mode=reduce-overhead+bf16": _trial(25.0, 0.010, 2.4),
+        "inductor:mode=max-autotune-no-cudagraphs+bf16": _trial(40.0, 0.008, 1.5),
+        "inductor:mode=max-autotune+bf16": _trial(0, 0, 0, status="timeout") | {"total_s": None},
+    }
+    _parts(tmp_path, b, pick, trials)
+    row = _summary(tmp_path, b)["rows"][0]
+    assert row["best_plain_total"] == "inductor:mode=reduce-overhead+bf16"
+    assert row["over_best_plain_total"] == 2.5
+    assert row["best_plain_steady"] == "inductor:mode=max-autotune-no-cudagraphs+bf16"
+    assert row["over_best_plain_steady"] == 2.0
+    assert row["over_best_plain_total_via_eager"] == 2.5
+    assert row["pick_and_best_plain_one_call"] is True
+    assert list(row["plain_not_measured"]) == ["inductor:mode=max-autotune+bf16"]
+    g = row["goals"]
+    assert g["over_best_plain_2.0x"] is True
+    assert g["all_plain_modes_measured"] is False
+    assert g["no_recompile_after_warmup"] is True
+    assert g["tune_within_15m"] is True
+
+
+def test_a_pick_that_recompiles_after_warm_up_or_is_missing_is_judged_so(tmp_path):
+    b = _script()
+    pick = "inductor:dynamic=true+bf16"
+    trials = {
+        pick: _trial(20.0, 0.008, 3.0, compiles=2, invocation="call 2"),
+        "inductor+bf16": _trial(30.0, 0.012, 2.0),
+    }
+    _parts(tmp_path, b, pick, trials, wall_s=1000.0)
+    row = _summary(tmp_path, b, modes=("default",))["rows"][0]
+    assert row["over_best_plain_total"] == 1.5
+    assert row["pick_and_best_plain_one_call"] is False
+    g = row["goals"]
+    assert g["over_best_plain_2.0x"] is False
+    assert g["recompiles_after_warmup"] == 2
+    assert g["no_recompile_after_warmup"] is False
+    assert g["tune_within_15m"] is False
+    # without the pick's replay nothing is compared, and the row says what is missing
+    b.trial_file(b.plain_dir(tmp_path, "bert-base", "infer"), pick).unlink()
+    row = _summary(tmp_path, b, modes=("default",))["rows"][0]
+    assert row["missing"].startswith("the pick's replay: no result")
+    assert row["goals"]["over_best_plain_2.0x"] is None
