@@ -45,7 +45,7 @@ def run_train(spec: dict[str, Any], cand: Any, variant: Any, tol: float) -> dict
         precision_flags,
         seed_everything,
     )
-    from torchkiln.runner.protocol.stream_trial import _raise_recompile_limit, _varying_dims
+    from torchkiln.runner.protocol.stream_setup import _raise_recompile_limit, _varying_dims
     from torchkiln.serve.bucketed import _compile_statically
     from torchkiln.serve.buckets import BucketGrid, padding_waste
     from torchkiln.tune.stream_plan import LEARNED_BUCKETS

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkiln.errors import KilnUserError
+from torchkiln.runner.protocol.stream_setup import _raise_recompile_limit, _varying_dims
 
 
 def _close(a: Any, b: Any, atol: float, rtol: float) -> bool:
@@ -36,26 +37,6 @@ def tolerance(device: str, precision: str) -> float:
     if precision in ("bf16", "fp16"):
         return 5e-2  # 16-bit autocast rounds every matmul
     return 1e-2 if device.startswith("cuda") else 1e-4  # TF32/cuDNN reorderings on GPU
-
-
-def _raise_recompile_limit(n: int) -> None:
-    import torch._dynamo.config as cfg
-
-    # torch 2.11-2.14 differ: recompile_limit was cache_size_limit
-    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
-    setattr(cfg, name, max(n, int(getattr(cfg, name))))
-
-
-def _varying_dims(stream: Any) -> list[list[Any]] | None:
-    """[input, dim, size name] per input dim that follows a varying size (None when the stream
-    has no sizes): a list, as JSON keeps no integer keys, for the recommendation's code."""
-    from torchkiln.measure.stream_buckets import dynamic_dims
-
-    try:
-        dims = dynamic_dims(stream)
-    except KilnUserError:
-        return None
-    return [[k, d, n] for k, ds in dims.items() for d, n in ds.items()]
 
 
 def _marks(stream: Any) -> list[tuple[Any, int]]:
