@@ -1,8 +1,13 @@
 """A plain, hand-written CUDA-events timing loop, independent of kiln's own code: the check of
 the instrument. Build the model directly, warm up 10 steps, then 5 reps of 50 steps between
-CUDA events; median ms per step. Run as a script it prints one JSON line.
+CUDA events; median ms per step, and the first call's seconds (a compile, for a compiled
+mode). Run as a script it prints one JSON line. DEVICE `cpu` times with perf_counter instead
+(how the CPU checks of the scripts that call it run); PRESET `tiny` shrinks gpt2 as kiln's
+tiny preset does.
 
+    python3 benchmarks/plain_loop.py WORKLOAD STEP PRECISION MODE [DEVICE [PRESET]]
     python3 benchmarks/plain_loop.py resnet50 infer bf16 eager
+    python3 benchmarks/plain_loop.py gpt2 infer bf16 max-autotune
 """
 
 from __future__ import annotations
@@ -10,13 +15,14 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 
-def build(workload: str, step: str):
+def build(workload: str, step: str, device: str = "cuda", preset: str = "full"):
     torch.manual_seed(0)
     if workload == "simple":
         model = nn.Sequential(
@@ -51,25 +57,50 @@ def build(workload: str, step: str):
         }
         y = torch.randint(0, 2, (16,))
         fwd = lambda m, inp: m(**inp).logits
+    elif workload == "gpt2":
+        import transformers
+
+        # GPT-2 small over whole sequences, as kiln's gpt2 workload: no key/value cache.
+        if preset == "tiny":
+            cfg = transformers.GPT2Config(
+                n_layer=2,
+                n_head=2,
+                n_embd=64,
+                vocab_size=512,
+                n_positions=256,
+                bos_token_id=511,
+                eos_token_id=511,
+            )
+            batch, seq = 2, 32
+        else:
+            cfg, (batch, seq) = transformers.GPT2Config(), (8, 512)
+        cfg.use_cache = False
+        model = transformers.GPT2LMHeadModel(cfg)
+        x = {"input_ids": torch.randint(0, cfg.vocab_size, (batch, seq))}
+        y = torch.randint(0, cfg.vocab_size, (batch * seq,))
+        fwd = lambda m, inp: m(**inp).logits.reshape(-1, cfg.vocab_size)
     else:
         raise SystemExit(f"unknown workload {workload}")
-    model = model.cuda()
-    x = {k: v.cuda() for k, v in x.items()}
-    return model, x, y.cuda(), fwd
+    model = model.to(device)
+    x = {k: v.to(device) for k, v in x.items()}
+    return model, x, y.to(device), fwd
 
 
-def make_step(workload: str, step: str, precision: str, mode: str):
+def make_step(
+    workload: str, step: str, precision: str, mode: str, device: str = "cuda", preset: str = "full"
+):
     """One plain step of the configuration (CUDA-graph step marking included), TF32 off."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    model, x, y, fwd = build(workload, step)
+    model, x, y, fwd = build(workload, step, device, preset)
+    kind = torch.device(device).type
     run = (
         model if mode == "eager" else torch.compile(model, mode=None if mode == "default" else mode)
     )
     ctx = (
-        (lambda: torch.autocast("cuda", dtype=torch.bfloat16))
+        (lambda: torch.autocast(kind, dtype=torch.bfloat16))
         if precision == "bf16"
-        else (lambda: torch.autocast("cuda", enabled=False))
+        else (lambda: torch.autocast(kind, enabled=False))
     )
     if step == "infer":
         model.eval()
@@ -110,21 +141,40 @@ def time_rep(fn, steps: int) -> float:
     return start.elapsed_time(end) / steps
 
 
-def main(workload: str, step: str, precision: str, mode: str) -> dict:
-    one = make_step(workload, step, precision, mode)
-    for _ in range(10):
+def time_rep_cpu(fn, steps: int) -> float:
+    """ms per step over `steps` back-to-back calls, by the host's clock (the CPU check)."""
+    start = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    return (time.perf_counter() - start) * 1e3 / steps
+
+
+def main(
+    workload: str, step: str, precision: str, mode: str, device: str = "cuda", preset: str = "full"
+) -> dict:
+    one = make_step(workload, step, precision, mode, device, preset)
+    cuda = device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    start = time.perf_counter()
+    one()  # the first call: the compile, for a compiled mode
+    sync()
+    first_call_s = time.perf_counter() - start
+    for _ in range(9):
         one()
-    torch.cuda.synchronize()
-    reps = [time_rep(one, 50) for _ in range(5)]
+    sync()
+    reps = [(time_rep if cuda else time_rep_cpu)(one, 50) for _ in range(5)]
     return {
         "workload": workload,
         "step": step,
         "precision": precision,
         "mode": mode,
+        "device": device,
+        "preset": preset,
+        "first_call_s": first_call_s,
         "median_ms": statistics.median(reps),
         "reps_ms": reps,
     }
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(*sys.argv[1:5])))
+    print(json.dumps(main(*sys.argv[1:7])))

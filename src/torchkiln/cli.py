@@ -324,6 +324,13 @@ def _add_tune(sub: argparse._SubParsersAction) -> None:
         help="then ship the pick to OUT/ship (as `kiln ship OUT`)",
     )
     p.add_argument(
+        "--variants",
+        default=None,
+        help="measure exactly these candidates (comma-separated specs, as `kiln bench "
+        "--variants`) instead of the search's plan: no profile or explain stage, no "
+        "refinements; eager is the baseline either way",
+    )
+    p.add_argument(
         "--fix",
         default="code",
         metavar="none|config|code",
@@ -426,7 +433,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from torchkiln.api import resolve_preset
     from torchkiln.tune.api import parse_budget
     from torchkiln.tune.pipeline import tune
-    from torchkiln.variants.base import NUMERICS_CHANGING
+    from torchkiln.variants.base import NUMERICS_CHANGING, split_variants
 
     device = args.device or _default_device()
     _check_device(device)
@@ -463,6 +470,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         compile_workers=args.compile_workers,
         stream=args.stream,
         stream_len=args.stream_len,
+        variants=None if args.variants is None else split_variants(args.variants),
     )
     progress.flush()  # deferrals after the last stage
     from torchkiln.repair.report import console_lines

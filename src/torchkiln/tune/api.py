@@ -98,6 +98,7 @@ def tune(
     fix: str = "code",
     stream: str | Path | None = None,
     stream_len: int | None = None,
+    variants: list[str] | None = None,
     **overrides: Any,
 ) -> TuneResult:
     """Tune a workload spec (str), a factory function, or an in-memory model + example inputs.
@@ -116,7 +117,11 @@ def tune(
 
     ``stream`` (a JSONL trace of sizes) or ``stream_len`` (items of the workload's default
     stream) tunes on a stream of varying shapes instead of one fixed input (docs/streams.md);
-    it takes a workload spec (a str), whose Workload makes inputs from sizes."""
+    it takes a workload spec (a str), whose Workload makes inputs from sizes.
+
+    ``variants`` (specs, e.g. ``["inductor+bf16", "inductor:mode=max-autotune+bf16"]``)
+    replaces the search's plan: exactly those are measured, in that order, without the profile
+    and explain stages or refinements; the head-to-head and the selection run as usual."""
     import torch
 
     from torchkiln.tune.pipeline import tune as run_pipeline
@@ -136,6 +141,8 @@ def tune(
         history=history,
         fix=check_fix_mode(fix),
     )
+    if variants is not None:
+        kwargs["variants"] = list(variants)
     if stream is not None or stream_len is not None:
         if not isinstance(model_or_factory, str):
             raise KilnUserError(

@@ -48,6 +48,7 @@ from torchkiln.tune.search import (
     Evidence,
     after_diagnosis,
     candidates,
+    given_plan,
     refinements,
 )
 from torchkiln.tune.select import leader as current_leader
@@ -153,12 +154,20 @@ def tune(
     compile_workers: int | None = None,
     stream: str | None = None,
     stream_len: int | None = None,
+    variants: list[str] | None = None,
 ) -> dict[str, Any]:
     """Run the pipeline and write results.json, report.md and report.html into ``out``; the
     result is also appended to the history store ``history`` (None: the default, False: none),
     and the report draws the trend of earlier comparable runs found there.
     With ``stream`` or ``stream_len`` the search runs on the stream instead (tune.stream_search).
+    ``variants`` replaces the plan: the search measures exactly those specs, in that order, with
+    no diagnosis (it only plans) and no refinements (search.given_plan).
     """
+    given = None if variants is None else given_plan(list(variants))
+    if given is not None and not given:
+        raise KilnUserError("variants= names no candidate besides eager (the baseline)")
+    if given is not None and (stream is not None or stream_len is not None):
+        raise KilnUserError("variants= takes a fixed-input tune; a stream tune plans its own")
     if stream is not None or stream_len is not None:
         from torchkiln.tune.stream_search import tune_stream
 
@@ -295,7 +304,14 @@ def tune(
 
     diagnosis = Diagnosis(base, fix, out, left, clock)
     pending_diagnosis = None
-    if in_process:
+    if given is not None:
+        # Nothing the diagnosis finds would change a given plan (no remedies, no fullgraph, no
+        # order): it is not run, and says so.
+        why = "the candidates were given (variants=): nothing to plan from a diagnosis"
+        stages["profile"] = stages["repair"] = {"status": "skipped", "reason": why}
+        stages["graph_breaks"] = {"status": "skipped", "reason": why, "breaks": None}
+        plan = given
+    elif in_process:
         why = "an in-process model cannot be handed to the profiling and explain processes"
         skipped = {"status": "skipped", "reason": why}
         graph = {**skipped, "breaks": None}
@@ -312,7 +328,9 @@ def tune(
         "planned": [c.spec for c in plan],
         "skipped": {},
     }
-    if beside:
+    if given is not None:
+        stages["search"]["given"] = True
+    elif beside:
         stages["search"]["before_diagnosis"] = {"planned": [c.spec for c in plan]}
 
     # Estimates are updated from what each trial really took.
@@ -398,6 +416,8 @@ def tune(
         estimate.learn(cand, r)
         if pending_diagnosis is not None:
             return  # the leader's refinements wait for the remedies (a refinement of their own)
+        if given is not None:
+            return  # a given plan is measured as given
         next_index = refine(
             results, eager, evidence, queue.pending, stages["search"], next_index,
             running | queue.waiting(),
@@ -405,7 +425,7 @@ def tune(
 
     # Several GPUs: a trial starts whenever one frees, taking turns on the host (host_lock.py);
     # the diagnosis, if it runs beside, on the same lock file.
-    if beside:
+    if beside and given is None:
         pending_diagnosis = diagnosis.start(host_lock)
     try:
         executors.stream(

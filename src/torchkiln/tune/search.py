@@ -301,3 +301,24 @@ def without_fullgraph(spec: str) -> str | None:
     if getattr(v.backend, "fullgraph", None) is not True:
         return None
     return parse_variant(_add_knob(spec, fullgraph="false")).spec
+
+
+GIVEN_WHY = "given (variants=)"
+
+
+def given_plan(specs: list[str]) -> list[Candidate]:
+    """A plan given by its caller (`kiln tune --variants`): exactly these specs in this order,
+    canonical and validated (a bad one raises here, before anything runs). ``eager`` is dropped
+    (the baseline measures it anyway), and so is a repeat. Its compile factors are the search's
+    own, so the budget's estimates hold as for a planned candidate."""
+    out: list[Candidate] = []
+    for i, text in enumerate(specs):
+        v = parse_variant(text)
+        if v.spec == "eager" or any(c.spec == v.spec for c in out):
+            continue
+        if v.name == "eager":
+            factor = 0.0
+        else:
+            factor = compile_factor(getattr(v.backend, "mode", "default"), v.precision)
+        out.append(Candidate(v.spec, GIVEN_WHY, float(i), factor))
+    return out
