@@ -14,6 +14,7 @@ from torchkiln.measure import host_load
 from torchkiln.measure.memory import MemoryTracker
 from torchkiln.measure.stats import paired_speedup, summarize, unpaired_speedup
 from torchkiln.measure.timer import StepTimer, calibrate_steps, time_round_robin
+from torchkiln.runner.protocol.trial import TrialSpec
 
 
 def test_timer_measures_a_known_sleep():
@@ -252,3 +253,43 @@ def test_round_robin_rotates_the_order_every_rep_and_pairs_samples_by_rep():
     assert calls == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
     # Sample k of each arm comes from rep k.
     assert samples == [[1.0, 6.0, 8.0], [2.0, 4.0, 9.0], [3.0, 5.0, 7.0]]
+
+
+def test_round_robin_runs_each_arm_its_own_steps_per_rep():
+    seen = []
+
+    class StepsTimer:
+        def time(self, fn, steps):
+            seen.append((fn(), steps))
+            return 1.0
+
+    fns = [lambda: "fast", lambda: "slow"]
+    time_round_robin(StepsTimer(), fns, reps=2, steps=[30, 3])
+    assert seen == [("fast", 30), ("slow", 3), ("slow", 3), ("fast", 30)]
+    with pytest.raises(ValueError, match="2 step counts for 3"):
+        time_round_robin(StepsTimer(), [*fns, fns[0]], reps=1, steps=[1, 2])
+
+
+def test_a_trial_calibrates_every_arm_to_a_rep_of_about_rep_ms(monkeypatch):
+    from torchkiln.runner.protocol import measure_trial
+
+    step_ms = {"variant": 1.0, "base": 10.0}
+
+    class Arm:
+        def __init__(self, name):
+            self.name = name
+
+        def __call__(self):
+            return self.name
+
+    class ArmTimer:
+        def time(self, fn, steps):
+            return step_ms[fn()]
+
+    spec = TrialSpec(workload="simple", variant="eager", reps=3, min_reps=3, rep_ms=50.0)
+    result = {"notes": []}
+    measure_trial.timed_reps(
+        spec, ArmTimer(), [Arm("variant"), Arm("base"), Arm("base")], result, lambda s: None
+    )
+    assert result["steps_per_rep_by_arm"] == [50, 5, 5]
+    assert result["steps_per_rep"] == 50

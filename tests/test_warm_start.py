@@ -80,3 +80,57 @@ def test_a_server_that_cannot_start_falls_back_to_cold_with_its_reason(tmp_path,
     assert "the warm-start server exited (code 1)" in r["start_reason"]
     assert "No module named torchkiln.no_such_module" in r["start_reason"]
     assert r["status"] == "ok"
+
+
+@pytest.mark.slow
+def test_a_changed_import_time_variable_gets_a_server_of_its_own(tmp_path, monkeypatch):
+    monkeypatch.delenv(warm.WARM_ENV, raising=False)
+    monkeypatch.delenv("KMP_INIT_AT_FORK", raising=False)
+    with warm.scoped():
+        first = run_trial(_spec(f"{WL}:tiny_mlp"), tmp_path / "a", timeout_s=120)
+        # Set in kiln's own process after the first trial started, as a library it imports may.
+        monkeypatch.setenv("KMP_INIT_AT_FORK", "FALSE")
+        second = run_trial(_spec(f"{WL}:tiny_mlp", 1), tmp_path / "b", timeout_s=120)
+        third = run_trial(_spec(f"{WL}:tiny_mlp", 2), tmp_path / "c", timeout_s=120)
+        servers = list(warm._active.servers)
+    assert [r["start"] for r in (first, second, third)] == ["warm"] * 3
+    assert len(servers) == 2
+    assert "KMP_INIT_AT_FORK" not in servers[0].env
+    assert servers[1].env["KMP_INIT_AT_FORK"] == "FALSE"
+    assert all(r["status"] == "ok" for r in (first, second, third))
+    # One build of the workload in each trial process; every further arm is a copy of it.
+    assert first["builds"]["built"] == 1 and first["builds"]["copied"] >= 2
+
+
+@pytest.mark.slow
+def test_a_built_in_workload_is_built_once_in_the_server_and_copied_by_its_trials(
+    tmp_path, monkeypatch
+):
+    monkeypatch.delenv(warm.WARM_ENV, raising=False)
+    spec = TrialSpec(workload="simple", variant="eager", preset="tiny", **FAST)
+    cold = run_trial(spec, tmp_path / "cold", timeout_s=120)
+    with warm.scoped():
+        hot = [
+            run_trial(TrialSpec(**{**spec.__dict__, "index": i}), tmp_path / f"w{i}", timeout_s=120)
+            for i in (1, 2)
+        ]
+    assert cold["builds"]["built"] == 1 and "built_by_server" not in cold["builds"]
+    for r in hot:
+        assert r["start"] == "warm" and r["status"] == "ok"
+        assert r["builds"]["built"] == 0 and r["builds"]["built_by_server"] is True
+        assert r["builds"]["copied"] >= 3
+        # The same weights and inputs as a fresh build: the same outputs, so the same errors.
+        assert r["correctness"] == cold["correctness"]
+        assert r["flops_per_step"] == cold["flops_per_step"]
+
+
+def test_only_a_built_in_trial_asks_the_server_to_build_ahead(tmp_path):
+    spec = TrialSpec(workload="simple", variant="eager", preset="tiny", step="train")
+    path = tmp_path / "spec.json"
+    path.write_text(spec.to_json())
+    asked = warm.prebuild_request(["trial", str(path), "r", "p"])
+    assert asked == {"workload": "simple", "preset": "tiny", "batch_size": None,
+                     "step": "train", "seed": 0}  # fmt: skip
+    assert warm.prebuild_request(["preflight", str(path), "r", "p"]) is None
+    path.write_text(TrialSpec(**{**spec.__dict__, "workload": f"{WL}:tiny_mlp"}).to_json())
+    assert warm.prebuild_request(["trial", str(path), "r", "p"]) is None

@@ -66,19 +66,23 @@ def time_round_robin(
     timer: StepTimer,
     fns: Sequence[Callable[[], Any]],
     reps: int,
-    steps: int,
+    steps: int | Sequence[int],
     until: Callable[[list[list[float]]], bool] | None = None,
 ) -> list[list[float]]:
     """``reps`` timed reps of each fn (ms per step), the order rotating every rep (A B, B A for
     two; A B C, B C A, C A B for three) so that drift, and whatever one arm leaves behind for
     the next, fall on every arm alike. Returns one list of samples per fn, paired by rep.
-    ``until`` (measure.stopping) is asked after every rep whether the answer is known."""
+    ``steps``: steps per rep, for every fn or one per fn. ``until`` (measure.stopping) is asked
+    after every rep whether the answer is known."""
     k = len(fns)
+    per_fn = [steps] * k if isinstance(steps, int) else list(steps)
+    if len(per_fn) != k:
+        raise ValueError(f"{len(per_fn)} step counts for {k} functions")
     samples: list[list[float]] = [[] for _ in range(k)]
     for r in range(reps):
         for j in range(k):
             i = (r + j) % k
-            samples[i].append(timer.time(fns[i], steps))
+            samples[i].append(timer.time(fns[i], per_fn[i]))
         if until is not None and until(samples):
             break
     return samples

@@ -35,6 +35,8 @@ WORKER = "torchkiln.runner.protocol.worker"
 SERVER_MODULE = "torchkiln.runner.launch.warm_server"
 # The server imports torch (seconds; more on a busy host) before it listens.
 READY_TIMEOUT_S = 120.0
+# Servers one scope starts at most, one per import-time environment its trials ask for.
+MAX_SERVERS = 3
 # Variables a trial may set differently from the server: read after the fork, not at import
 # (compile caches, the device a first CUDA call picks, kiln's own).
 PER_TRIAL = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "CUDA_VISIBLE_DEVICES")
@@ -106,11 +108,17 @@ class WarmProcess:
 class WarmServer:
     """One server process and its socket; ``close`` ends it and its directory."""
 
-    def __init__(self) -> None:
+    def __init__(self, like: Mapping[str, str] | None = None) -> None:
+        """``like``: a trial's environment, whose variables read at import the server takes
+        (by default this process's)."""
         self.dir = Path(tempfile.mkdtemp(prefix="kiln-warm-"))
         self.path = str(self.dir / "socket")
         self.log = self.dir / "server.log"
-        self.env = launcher_env(dict(os.environ, PYTHONUNBUFFERED="1"))
+        env = dict(os.environ)
+        if like is not None:
+            env = {k: v for k, v in env.items() if not _at_import(k)}
+            env.update({k: v for k, v in like.items() if _at_import(k)})
+        self.env = launcher_env(dict(env, PYTHONUNBUFFERED="1"))
         with open(self.log, "wb") as log:
             self.proc = spawn.start(
                 [sys.executable, "-m", SERVER_MODULE, self.path],
@@ -161,14 +169,7 @@ class WarmServer:
         """What the trial's environment sets differently from the server's, among the variables
         read at import."""
         keys = set(env) | set(self.env)
-        return sorted(
-            k
-            for k in keys
-            if k.startswith(AT_IMPORT_PREFIXES)
-            and k not in PER_TRIAL
-            and not k.startswith(PER_TRIAL_PREFIXES)
-            and env.get(k) != self.env.get(k)
-        )
+        return sorted(k for k in keys if _at_import(k) and env.get(k) != self.env.get(k))
 
     def launch(
         self, argv: list[str], env: Mapping[str, str], stdout: str, stderr: str
@@ -177,6 +178,9 @@ class WarmServer:
         conn = self._connect()
         try:
             request = {"argv": argv, "env": dict(env), "stdout": stdout, "stderr": stderr}
+            ahead = prebuild_request(argv)
+            if ahead is not None:
+                request["prebuild"] = ahead
             conn.sendall(json.dumps(request).encode() + b"\n")
             line = b""
             while b"\n" not in line:
@@ -197,24 +201,69 @@ class WarmServer:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def _at_import(key: str) -> bool:
+    """A variable read when torch, its threading libraries or the interpreter load, which a
+    trial cannot set differently from the server it is forked from."""
+    return (
+        key.startswith(AT_IMPORT_PREFIXES)
+        and key not in PER_TRIAL
+        and not key.startswith(PER_TRIAL_PREFIXES)
+    )
+
+
+def prebuild_request(argv: list[str]) -> dict[str, Any] | None:
+    """What the server builds ahead for a trial (warm_server.prebuild): a built-in workload's
+    spec fields, read from the trial's spec file (argv: MODE SPEC RESULT PHASE). A workload
+    from a user's file is never built in the server: its factory may touch CUDA, and a server
+    that had would fork children that cannot use it."""
+    if len(argv) < 2 or argv[0] != "trial":
+        return None
+    import torchkiln.workloads  # noqa: F401  (registers the built-ins)
+    from torchkiln.workloads.base import registry
+
+    try:
+        spec = json.loads(Path(argv[1]).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(spec, dict) or spec.get("workload") not in registry():
+        return None
+    fields = ("workload", "preset", "batch_size", "step", "seed")
+    if any(f not in spec for f in fields):
+        return None
+    return {f: spec[f] for f in fields}
+
+
 class _Scope:
-    """The server of the outermost ``scoped()``: started by its first trial (a tune whose
-    trials are all reused, or run in process, starts none)."""
+    """The servers of the outermost ``scoped()``: the first started by its first trial (a tune
+    whose trials are all reused, or run in process, starts none), another for a trial whose
+    variables read at import differ from every running server's. That happens within one tune:
+    on an H200 host a library imported by kiln's own process set KMP_DUPLICATE_LIB_OK and
+    KMP_INIT_AT_FORK after the first trial started, and every later trial of that tune started
+    cold (the trials' environments are copies of the process's). At most MAX_SERVERS."""
 
     def __init__(self) -> None:
-        self.server: WarmServer | None = None
+        self.servers: list[WarmServer] = []
         self.lock = threading.Lock()
 
-    def get(self) -> WarmServer:
+    def get(self, env: Mapping[str, str] | None = None) -> WarmServer:
+        """A server whose import-time environment is ``env``'s; a new one while there are
+        fewer than MAX_SERVERS, else the newest (whose differences the caller reports)."""
         with self.lock:
-            if self.server is None:
-                self.server = WarmServer()
-            return self.server
+            for server in self.servers:
+                if env is None or not server.differs(env):
+                    return server
+            if len(self.servers) < MAX_SERVERS:
+                self.servers.append(WarmServer(env))
+            return self.servers[-1]
+
+    @property
+    def server(self) -> WarmServer | None:
+        return self.servers[0] if self.servers else None
 
     def close(self) -> None:
         with self.lock:
-            if self.server is not None:
-                self.server.close()
+            for server in self.servers:
+                server.close()
 
 
 _active: _Scope | None = None
@@ -267,7 +316,7 @@ def _server(env: Mapping[str, str]) -> tuple[WarmServer | None, str | None]:
     scope = _active
     if scope is None:
         return None, "no warm-start server in this process (one serves a tune or bench)"
-    server = scope.get()
+    server = scope.get(env)
     failure = server.ready()
     if failure:
         return None, failure

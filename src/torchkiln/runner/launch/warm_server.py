@@ -6,10 +6,12 @@ what ``python -m torchkiln.runner.protocol.worker ARGS`` would be: a session of 
 from /dev/null, stdout and stderr appended to the files named, the environment given (its
 compile cache directories included: nothing has compiled yet), then the worker's ``main``.
 
-One request per connection, a JSON line ``{"argv", "env", "cwd", "stdout", "stderr"}``; the
-server answers ``{"pid"}`` at once, then ``{"code"}`` (as ``Popen.returncode``: negative for a
-signal) when the child exits. Single-threaded on purpose: a fork copies only the thread that
-calls it, and a lock another thread held would stay held in the child forever."""
+One request per connection, a JSON line ``{"argv", "env", "cwd", "stdout", "stderr"}`` and, for
+a trial of a built-in workload, ``"prebuild"`` (its spec's workload, preset, batch size, step
+and seed: built once here, before the fork, see ``prebuild``); the server answers ``{"pid"}`` at
+once, then ``{"code"}`` (as ``Popen.returncode``: negative for a signal) when the child exits.
+Single-threaded on purpose: a fork copies only the thread that calls it, and a lock another
+thread held would stay held in the child forever."""
 
 from __future__ import annotations
 
@@ -23,6 +25,46 @@ import traceback
 from typing import Any
 
 POLL_S = 0.05
+# Workloads this server has built (or tried to): each is built once, before the first fork.
+_prebuilt: set[tuple] = set()
+
+
+def prebuild(p: dict[str, Any]) -> None:
+    """Build a built-in workload once, on the host, so that every trial forked after it copies
+    that build instead of importing its libraries and building it again (workload_copies.py).
+    On one thread: a process that forks must not have started OpenMP's worker threads, which a
+    child would find missing. A failure is left to the trial, which builds the workload itself
+    and reports it."""
+    key = (p["workload"], p["preset"], p["batch_size"], p["step"], p["seed"])
+    if key in _prebuilt:
+        return
+    _prebuilt.add(key)
+    import torch
+
+    from torchkiln.runner.protocol import workload_copies
+    from torchkiln.runner.protocol.settings import seed_everything
+    from torchkiln.workloads import load_workload
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        workload_copies.activate()
+        seed_everything(p["seed"])
+        workload_copies.load(
+            key,
+            lambda: load_workload(
+                p["workload"], preset=p["preset"], batch_size=p["batch_size"], step=p["step"]
+            ),
+        )
+    except Exception:  # noqa: BLE001  (the trial builds it and reports what fails)
+        print(f"building {key} ahead failed; its trials build it themselves", flush=True)
+        traceback.print_exc()
+    finally:
+        torch.set_num_threads(threads)
+    if torch.cuda.is_initialized():
+        # A fork of this process could not use CUDA: serve no more (trials then start cold).
+        print(f"building {key} initialised CUDA: the server stops", flush=True)
+        sys.exit(3)
 
 
 def _run_child(request: dict[str, Any], keep: list[socket.socket]) -> None:
@@ -107,6 +149,8 @@ def serve(path: str) -> None:
             if b"\n" not in pending[sock]:
                 continue
             request = json.loads(pending.pop(sock).split(b"\n", 1)[0])
+            if request.get("prebuild"):
+                prebuild(request["prebuild"])
             pid = os.fork()
             if pid == 0:
                 _run_child(request, [listener, *pending, *children.values(), sock])

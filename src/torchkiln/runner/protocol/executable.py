@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchkiln.repair import arm as repair_arm
+from torchkiln.runner.protocol import workload_copies
 from torchkiln.runner.protocol.arm_facts import arm_facts
 from torchkiln.runner.protocol.optim_state import CannotPrime, prime_optimizer_state
 from torchkiln.runner.protocol.settings import (
@@ -178,8 +179,11 @@ def build_arm(
     workload, fixes = repair_arm.load_for(
         spec,
         variant,
-        lambda: load_workload(
-            spec.workload, preset=spec.preset, batch_size=spec.batch_size, step=spec.step
+        lambda: workload_copies.load(
+            (spec.workload, spec.preset, spec.batch_size, spec.step, spec.seed),
+            lambda: load_workload(
+                spec.workload, preset=spec.preset, batch_size=spec.batch_size, step=spec.step
+            ),
         ),
     )
     # The steps besides compiling, shared with the recommendation's code (runner.arm_facts).

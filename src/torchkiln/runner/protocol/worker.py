@@ -176,8 +176,11 @@ def main(argv: list[str]) -> int:
     if mode == "preflight":
         write_json(result_path, preflight(spec))
         return 0
+    from torchkiln.runner.protocol import workload_copies
     from torchkiln.runner.protocol.measure_trial import measure_trial
     from torchkiln.runner.store.fixed import fixed_dir_for
+
+    workload_copies.activate()
 
     # From the launch to here (the interpreter and kiln's imports), less the wait for the host;
     # the trial's "start" phase (torch's import) is added below.
@@ -196,6 +199,7 @@ def main(argv: list[str]) -> int:
         result["reason"] = f"{type(exc).__name__} during {phases.current}: {exc}"[:4000]
         result["traceback"] = traceback.format_exc()[-8000:]
     phases("done")  # releases the host lock, if any
+    result["builds"] = workload_copies.record()
     result["phase"] = result.pop("failed_phase", "done")
     result["phase_s"] = phases.seconds
     result["phase_at"] = phases.at

@@ -1,17 +1,18 @@
-"""Fixed costs of a tune, paid once per workload: the fp64 reference outputs of the correctness
-check and the FLOP count, kept under ``<run dir>/fixed/`` by the first trial that computes them
-and read by the later trials of the same run directory.
+"""Fixed costs of a tune, paid once per workload: the reference outputs of the correctness
+check (fp64 eager, and eager at the variant's precision and layout) and the FLOP count, kept
+under ``<run dir>/fixed/`` by the first trial that computes them and read by the later trials of
+the same run directory.
 
-Neither depends on the variant: the fp64 reference is plain eager in fp64 on the unmodified
-model (a remedied arm's rewritten copy is loaded with the original's weights and inputs, so
-its reference is the same), and the FLOPs are counted on eager at the variant's precision and
-layout. A stored value is keyed by everything that decides it: the workload (its spec, preset,
-batch size, step, seed, and the contents of its source file), a digest of the example inputs,
-the device and its name, the host, the thread count, kiln and torch versions and the environment
-variables that change what torch computes. Any difference, a file that cannot be read, or a
-file whose own key differs from the trial's, and the value is computed again (the trial's
-``notes`` say why for the last two). A workload whose code kiln cannot find, and an in-memory
-model (its bytes are not part of the key), never share.
+None depends on the variant beyond its precision and layout: the references are plain eager on
+the unmodified model (a remedied arm's rewritten copy is loaded with the original's weights and
+inputs, so its references are the same), and the FLOPs are counted on eager at the variant's
+precision and layout. A stored value is keyed by everything that decides it: the workload (its
+spec, preset, batch size, step, seed, and the contents of its source file), a digest of the
+example inputs, the device and its name, the host, the thread count, kiln and torch versions
+and the environment variables that change what torch computes. Any difference, a file that
+cannot be read, or a file whose own key differs from the trial's, and the value is computed
+again (the trial's ``notes`` say why for the last two). A workload whose code kiln cannot
+find, and an in-memory model (its bytes are not part of the key), never share.
 """
 
 from __future__ import annotations
