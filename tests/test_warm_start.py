@@ -134,3 +134,27 @@ def test_only_a_built_in_trial_asks_the_server_to_build_ahead(tmp_path):
     assert warm.prebuild_request(["preflight", str(path), "r", "p"]) is None
     path.write_text(TrialSpec(**{**spec.__dict__, "workload": f"{WL}:tiny_mlp"}).to_json())
     assert warm.prebuild_request(["trial", str(path), "r", "p"]) is None
+
+
+def test_building_ahead_leaves_a_server_whose_children_can_use_cuda(tmp_path):
+    """A CUDA build of torch marks the children of a process that has counted its devices (as
+    torch.cuda.is_available does) as unable to initialise CUDA: the server's build ahead must
+    not count them. Checked in a fresh interpreter, with a fork after the build."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, torch\n"
+        "from torchkiln.runner.launch import warm_server\n"
+        "warm_server.prebuild({'workload': 'simple', 'preset': 'tiny', 'batch_size': None,\n"
+        "                      'step': 'train', 'seed': 0})\n"
+        "from torchkiln.runner.protocol import workload_copies\n"
+        "assert workload_copies._kept, 'nothing was built ahead'\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os._exit(1 if torch.cuda._is_in_bad_fork() else 0)\n"
+        "print('child', os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "child 0" in out.stdout

@@ -70,7 +70,10 @@ def rng_states() -> dict[str, Any]:
         states["numpy"] = np.random.get_state()
     except ImportError:
         pass
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    # Not torch.cuda.is_available(): it counts devices, and a process that has counted them
+    # marks every child it forks later as unable to use CUDA (the warm-start server builds
+    # workloads through here, then forks trials that must).
+    if torch.cuda.is_initialized():
         states["cuda"] = torch.cuda.get_rng_state_all()
     return states
 
