@@ -70,3 +70,26 @@ def test_an_inductor_trial_compiles_under_an_out_dir_with_spaces_unicode_and_col
     (trial,) = doc["trials"]
     assert trial["status"] == "ok", trial.get("reason")
     assert trial["compile_cache_path"]["real"].endswith("compile-cache")
+
+
+@pytest.mark.slow
+def test_a_kept_cache_lent_to_a_later_trial_is_loaded_not_compiled_and_said(tmp_path):
+    spec = TrialSpec(workload=f"{WL}:tiny_mlp", variant="inductor", check_accuracy=False,
+                     count_kernels=False, **FAST)  # fmt: skip
+    first_dir = tmp_path / "trials" / "01-inductor"
+    first = run_trial(spec, first_dir, timeout_s=300, keep_cache=True)
+    assert first["status"] == "ok", first.get("reason")
+    assert first["dynamo"]["cache_hits"]["fx_graph"] == 0  # a cold compile
+    assert compile_cache.kept(first_dir).is_dir()
+    later_dir = tmp_path / "trials" / "100-inductor"
+    lend = {"01-inductor": compile_cache.kept(first_dir), "02-gone": tmp_path / "no-such"}
+    later = run_trial(spec, later_dir, timeout_s=300, lend_caches=lend)
+    assert later["status"] == "ok", later.get("reason")
+    assert later["compile_cache_lent"]["lent_from"] == ["01-inductor"]
+    assert later["compile_cache_lent"]["bytes"] > 0
+    assert later["dynamo"]["cache_hits"]["fx_graph"] >= 1  # loaded, not compiled
+    assert any("no cold compile" in n for n in later["notes"])
+    # Not kept: its own cache went with it; the lender's stays until its owner drops it.
+    assert not compile_cache.kept(later_dir).exists()
+    compile_cache.drop([first_dir, later_dir])
+    assert not compile_cache.kept(first_dir).exists()

@@ -34,7 +34,8 @@ def _fake_tune(tmp_path, monkeypatch, gpus: list, name: str) -> tuple[dict, dict
     guard = threading.Lock()
 
     def fake_run_trial(spec, trial_dir, *, timeout_s, wall_s=None, gpu=None, host_lock=None,
-                       on_phase=None, cache_dir=None):  # fmt: skip
+                       on_phase=None, cache_dir=None, keep_cache=False,
+                       lend_caches=None):  # fmt: skip
         lock = HostLock(host_lock) if host_lock else None
         at: list = []
 

@@ -28,6 +28,8 @@ def test_independent_candidates_run_at_once_one_per_gpu(tmp_path, monkeypatch):
         host_lock=None,
         on_phase=None,
         cache_dir=None,
+        keep_cache=False,
+        lend_caches=None,
     ):
         start = time.monotonic()
         time.sleep(0.3)  # long enough for a batch's trials to overlap
@@ -35,7 +37,8 @@ def test_independent_candidates_run_at_once_one_per_gpu(tmp_path, monkeypatch):
             calls.append(
                 {"variant": spec.variant, "index": spec.index, "gpu": gpu,
                  "host_lock": host_lock, "timeout_s": timeout_s, "wall_s": wall_s,
-                 "baseline": spec.baseline, "start": start, "end": time.monotonic()}
+                 "baseline": spec.baseline, "start": start, "end": time.monotonic(),
+                 "id": spec.id, "keep_cache": keep_cache, "lend_caches": lend_caches}
             )  # fmt: skip
         # Earlier candidates lead (2.0x, 1.99x, ...); head-to-head challengers lose.
         speedup = 1.0 if spec.variant == "eager" else 2.0 - 0.01 * (spec.index % 50)
@@ -89,6 +92,16 @@ def test_independent_candidates_run_at_once_one_per_gpu(tmp_path, monkeypatch):
     # A search trial's own cap (its waits for the host not counted) sits within a wall limit
     # (the search's room, which counts them); every trial has both.
     assert all(c["wall_s"] is not None and c["timeout_s"] > 0 for c in calls)
+    # Every trial kept its compile cache; each head-to-head trial was lent its two variants'
+    # caches (the leader's and the challenger's search trials), kept where they ran.
+    assert all(c["keep_cache"] for c in calls)
+    by_variant = {c["variant"]: c for c in search}
+    leader = doc["stages"]["head_to_head"]["leader"]
+    for c in h2h:
+        lent = c["lend_caches"]
+        assert list(lent) == [by_variant[leader]["id"], by_variant[c["variant"]]["id"]]
+        assert all(path.name == "compile-cache" and path.parent.name in lent
+                   for path in lent.values())  # fmt: skip
     # The tune still ends with a pick and the head-to-head of its finalists.
     assert doc["selection"]["best"] is not None
     assert (tmp_path / "t" / "report.html").exists()

@@ -571,3 +571,29 @@ def test_eager_as_the_pick_is_not_called_faster_than_itself():
     slower = trial("inductor:mode=max-autotune", 20.0, (19.8, 20.2), 0.5, (0.49, 0.51), 30)
     sel = select([noisy_eager, slower], baseline=noisy_eager)
     assert sel.reason.startswith("no compiled variant was faster: 1 other passed, slower")
+
+
+def test_with_no_graph_break_a_refinement_moves_its_planned_fullgraph_twin_up():
+    ev = Evidence(device="cuda", step="infer", allow_precision={"bf16"}, graph_breaks=0)
+    lead = "inductor:mode=reduce-overhead,dynamic=false,freezing=true+bf16"
+    twin = "inductor:mode=max-autotune,fullgraph=true,dynamic=false,freezing=true+bf16"
+    results = [EAGER, trial(lead, 2.5, (2.4, 2.6), 4.0, (3.9, 4.1), 25, precision="bf16")]
+    pending = [(5, Candidate("cudagraphs", "later", 6.0, 0.5)), (6, Candidate(twin, "p", 2, 3))]
+    search = {"skipped": {}, "refined": []}
+    nxt = refine(results, EAGER, ev, pending, search, next_index=7)
+    # The autotuned leader is the planned twin's compile: the twin runs, nothing is added.
+    assert [(i, c.spec) for i, c in pending] == [(6, twin), (5, "cudagraphs")] and nxt == 7
+    assert [r["spec"] for r in search["refined"]] == [twin]
+    # Measured, it stands for the refinement: not queued again.
+    pending.pop(0)
+    results.append(trial(twin, 2.6, (2.5, 2.7), 3.9, (3.8, 4.0), 90, precision="bf16"))
+    refine(results, EAGER, ev, pending, search, next_index=nxt)
+    assert [c.spec for _, c in pending] == ["cudagraphs"]
+    # With a graph break the flag matters (a break becomes an error): they are two candidates.
+    broken = Evidence(device="cuda", step="infer", allow_precision={"bf16"}, graph_breaks=2)
+    pending = [(6, Candidate(twin, "p", 2, 3))]
+    refine(results[:2], EAGER, broken, pending, {"skipped": {}, "refined": []}, next_index=7)
+    assert [c.spec for _, c in pending] == [
+        "inductor:mode=max-autotune,dynamic=false,freezing=true+bf16",
+        twin,
+    ]

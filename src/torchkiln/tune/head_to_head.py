@@ -13,6 +13,12 @@ from torchkiln.tune.select import finalists
 
 # Index of head-to-head trials in the run directory: apart from the search's (1, 2, ...).
 H2H_INDEX = 100
+# A head-to-head trial's spec names the search trials whose kept compile caches it starts with
+# (runner/launch/compile_cache.lend): its arms load the code their search trials compiled,
+# cold, and timed. On an H200 a GPT-2 tune's head-to-head compiled max-autotune again from
+# nothing, 93 s of its 110 s. Its first call is then not a cold compile, and its result says
+# so; the pick's compile time is its search trial's.
+LEND_CACHES = "lend_caches_of"
 
 
 def head_to_head_stage(
@@ -57,6 +63,7 @@ def head_to_head_stage(
                 extra={
                     **base.extra,
                     "unchecked_because": "a head-to-head trial: its search trial checked it",
+                    LEND_CACHES: [leader["id"], c["id"]],
                 },
             )
         )

@@ -20,7 +20,7 @@ from torchkiln.repair import judge as repair_judge
 from torchkiln.repair.arm import PLAN_KEY
 from torchkiln.repair.plan import check_mode as check_fix_mode
 from torchkiln.report.drift import baseline_drift
-from torchkiln.runner.launch import executors, warm
+from torchkiln.runner.launch import compile_cache, executors, warm
 from torchkiln.runner.launch.concurrency import search_slots
 from torchkiln.runner.launch.host_lock import host_turns, remove_lock_files
 from torchkiln.runner.launch.orphan import stop_trials, trials_may_run
@@ -31,7 +31,7 @@ from torchkiln.runner.store.rundir import RunDir
 from torchkiln.tune import evidence as gather
 from torchkiln.tune import recommend
 from torchkiln.tune.diagnosis import Diagnosis, Findings
-from torchkiln.tune.head_to_head import head_to_head_stage
+from torchkiln.tune.head_to_head import LEND_CACHES, head_to_head_stage
 from torchkiln.tune.limits import (
     FINAL_RESERVE_S,
     Estimator,
@@ -50,6 +50,7 @@ from torchkiln.tune.search import (
     candidates,
     given_plan,
     refinements,
+    without_fullgraph,
 )
 from torchkiln.tune.select import leader as current_leader
 from torchkiln.tune.select import select
@@ -117,21 +118,35 @@ def refine(
     lead = current_leader(results, eager, evidence.allow_precision)
     if lead is None:
         return next_index
-    done = {r["variant"] for r in results} | set(search["skipped"]) | set(running)
-    todo = [c for c in refinements(lead["variant"], evidence) if c.spec not in done]
+    same = same_code(evidence)
+    tried = {r["variant"] for r in results} | set(search["skipped"]) | set(running)
+    done = {same(s) for s in tried}
+    todo = [c for c in refinements(lead["variant"], evidence) if same(c.spec) not in done]
     if not todo:
         return next_index
     cand = todo[0]
-    planned = [p for p in pending if p[1].spec == cand.spec]
+    planned = [p for p in pending if same(p[1].spec) == same(cand.spec)]
     if planned:
         pending.remove(planned[0])
         item = planned[0]
     else:
         item, next_index = (next_index, cand), next_index + 1
     pending.insert(0, item)
-    if all(r["spec"] != cand.spec for r in search["refined"]):
-        search["refined"].append({"leader": lead["variant"], "spec": cand.spec, "why": cand.why})
+    spec = item[1].spec
+    if all(r["spec"] != spec for r in search["refined"]):
+        search["refined"].append({"leader": lead["variant"], "spec": spec, "why": cand.why})
     return next_index
+
+
+def same_code(evidence: Evidence):
+    """What identifies a candidate's compiled code for the search: its spec, less `fullgraph=true`
+    when the model has no graph break (the flag then changes nothing it compiles to; it only
+    turns a break into an error). A refinement whose twin is planned moves the twin up instead
+    of being added: on an H200 a GPT-2 tune queued its leader autotuned (max-autotune, 82 s of
+    compile) as a refinement while the same compile waited in the plan as `fullgraph=true`."""
+    if evidence.graph_breaks != 0:
+        return lambda spec: spec
+    return lambda spec: without_fullgraph(spec) or spec
 
 
 @warm.scoped()  # its trials fork from one process that imported torch
@@ -240,6 +255,7 @@ def tune(
             limit = max(30.0, limit) if spec.index == 0 else max(1.0, limit)
             own, room = caps.get(spec.id, (limit, limit))
             wall = min(limit, room)
+            lend = spec.extra.get(LEND_CACHES)
             done = run_trial(
                 spec,
                 run.trial_dir(spec.id),
@@ -248,6 +264,12 @@ def tune(
                 gpu=gpu,
                 host_lock=host_lock,
                 on_phase=lambda ph: events.trial_phase(spec.variant, ph, left()),
+                # Kept for the head-to-head, which loads the compiled code of the variants it
+                # times again instead of compiling them cold (head_to_head.py).
+                keep_cache=True,
+                lend_caches=None
+                if not lend
+                else {i: compile_cache.kept(run.trial_dir(i)) for i in lend},
             )
             note = stop_note(done.get("stopped_by"), own, wall, limit)
             if done.get("status") == "timeout" and note:
@@ -453,6 +475,7 @@ def tune(
         h2h = head_to_head_stage(
             results, eager, set(allow_precision), base, run_one, slots, left, events, stages
         )
+    compile_cache.drop([run.trial_dir(r["id"]) for r in [*results, *h2h] if r.get("id")])
     events.stage("select", "", left())
     selection = select(
         results,

@@ -20,6 +20,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 _PLAIN = re.compile(r"[A-Za-z0-9_./+=-]*")
 
@@ -39,10 +40,12 @@ class CompileCache:
     given: Path
     fresh: bool
 
-    def remove(self) -> None:
+    def remove(self, keep: bool = False) -> None:
+        """The symlink, if any, and a fresh cache itself unless ``keep`` (to be lent to a later
+        trial; its owner removes it, see ``drop``)."""
         if self.given != self.real and self.given.is_symlink():
             self.given.unlink(missing_ok=True)
-        if self.fresh:
+        if self.fresh and not keep:
             shutil.rmtree(self.real, ignore_errors=True)
 
 
@@ -54,7 +57,7 @@ def prepare(trial_dir: Path, cache_dir: str | None) -> CompileCache:
         real = Path(cache_dir).resolve()
         real.mkdir(parents=True, exist_ok=True)
         return CompileCache(real, _reachable(real), fresh=False)
-    real = (Path(trial_dir) / "compile-cache").resolve()
+    real = kept(trial_dir)
     shutil.rmtree(real, ignore_errors=True)
     real.mkdir(parents=True)
     return CompileCache(real, _reachable(real), fresh=True)
@@ -72,3 +75,31 @@ def _reachable(real: Path) -> Path:
     os.symlink(real, tmp)
     os.replace(tmp, link)  # a stale link (or one from an older run) is swapped in one step
     return link
+
+
+def lend(cache: CompileCache, sources: dict[str, Path]) -> dict[str, Any]:
+    """Copy the kept caches of finished trials (``sources``: trial id -> its cache directory)
+    into ``cache``, fresh and empty: a trial that times variants already measured (a tune's
+    head-to-head) then loads their compiled code instead of compiling it again. Its first call
+    is then no cold compile, and the record says whose caches it was lent. A source that is
+    gone (a trial reused from an earlier run, whose cache went with that run) is left out."""
+    lent, size = [], 0
+    for trial_id, src in sources.items():
+        if not src.is_dir():
+            continue
+        shutil.copytree(src, cache.real, symlinks=True, dirs_exist_ok=True)
+        lent.append(trial_id)
+        size += sum(f.stat().st_size for f in src.rglob("*") if f.is_file())
+    return {"lent_from": lent, "bytes": size}
+
+
+def kept(trial_dir: Path) -> Path:
+    """Where a trial run with ``keep_cache`` left its fresh cache."""
+    return (Path(trial_dir) / "compile-cache").resolve()
+
+
+def drop(trial_dirs: list[Path]) -> None:
+    """Remove the caches trials kept (the tune's end; a stopped tune leaves them, and a trial
+    measured again into the same directory starts from an empty one all the same)."""
+    for d in trial_dirs:
+        shutil.rmtree(kept(d), ignore_errors=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchkiln.runner.launch import spawn, warm
+from torchkiln.runner.launch import compile_cache, spawn, warm
 from torchkiln.runner.launch.autotune_log import autotune_rounds, describe
 from torchkiln.runner.launch.compile_cache import CompileCache
 from torchkiln.runner.launch.compile_cache import prepare as prepare_cache
@@ -180,13 +180,19 @@ def run_trial(
     gpu: int | None = None,
     host_lock: str | None = None,
     wall_s: float | None = None,
+    keep_cache: bool = False,
+    lend_caches: dict[str, Path] | None = None,
 ) -> dict[str, Any]:
-    """``gpu`` pins the trial to one device (CUDA_VISIBLE_DEVICES), for one trial per GPU;
+    """``keep_cache`` leaves a fresh compile cache in the trial directory when the trial ends
+    (its caller removes it), for ``lend_caches`` of a later trial: trial id -> a kept cache,
+    copied into that trial's fresh cache before it starts (compile_cache.lend).
+    ``gpu`` pins the trial to one device (CUDA_VISIBLE_DEVICES), for one trial per GPU;
     ``host_lock`` is the pool's lock file, on which the trial takes turns with the others
     (host_lock.py). ``timeout_s`` is the trial's own time, not counting its waits for the host;
     ``wall_s``, if given, a limit on its wall time that counts them. A stopped trial's result
     has ``stopped_by``: "own" or "wall"."""
     env, cache = trial_env(trial_dir, cache_dir)
+    lent = compile_cache.lend(cache, lend_caches) if lend_caches and cache.fresh else None
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     env.pop(HOST_LOCK_ENV, None)  # only the pool's own trials take turns, not a nested run's
@@ -198,7 +204,7 @@ def run_trial(
     try:
         run = _spawn("trial", spec, trial_dir, timeout_s, env, on_phase, wall_s)
     finally:
-        cache.remove()
+        cache.remove(keep=keep_cache)
     result, code, phase = run.result, run.code, run.phase
     stderr = tail(trial_dir / "trial-stderr.txt")
     rounds = autotune_rounds(trial_dir / "trial-stderr.txt")
@@ -231,6 +237,14 @@ def run_trial(
     if run.start.reason:
         result["start_reason"] = run.start.reason
     result["compile_cache"] = cache_dir or "fresh per trial"
+    if lent is not None:
+        result["compile_cache_lent"] = lent
+        if lent["lent_from"]:
+            whose = ", ".join(lent["lent_from"])
+            result.setdefault("notes", []).append(
+                f"its compile cache started with the caches of trials {whose} (their compiled "
+                "code is loaded, not compiled again): its first call is no cold compile; theirs are"
+            )
     if cache.given != cache.real:
         result["compile_cache_path"] = {"real": str(cache.real), "given": str(cache.given)}
     if gpu is not None:

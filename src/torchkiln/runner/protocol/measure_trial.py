@@ -77,6 +77,12 @@ def dynamo_counters() -> dict[str, Any]:
         "graph_breaks": int(breaks),
         "graph_break_reasons": sorted(counters["graph_break"])[:20],
         "recompiles": int(sum(counters["recompiles"].values())) if "recompiles" in counters else 0,
+        # Compiled code loaded from the compile cache instead of compiled: a first call with
+        # hits was not a cold compile (a lent cache, runner/launch/compile_cache.lend).
+        "cache_hits": {
+            "fx_graph": int(counters["inductor"].get("fxgraph_cache_hit", 0)),
+            "autograd": int(counters["aot_autograd"].get("autograd_cache_hit", 0)),
+        },
     }
 
 
