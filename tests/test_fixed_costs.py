@@ -50,8 +50,8 @@ def measure(workload: Path, fixed: Path, variant: str = "eager+bf16", **fields) 
     return result
 
 
-COMPUTED = {"reused": [], "computed": ["flops", "eager_reference", "fp64_reference"]}
-REUSED = {"reused": ["flops", "eager_reference", "fp64_reference"], "computed": []}
+COMPUTED = {"reused": [], "computed": ["flops", "fp64_reference", "eager_error"]}
+REUSED = {"reused": ["flops", "fp64_reference", "eager_error"], "computed": []}
 
 
 def test_the_second_trial_of_a_workload_reuses_the_reference_and_the_flops(workload, tmp_path):
@@ -63,12 +63,12 @@ def test_the_second_trial_of_a_workload_reuses_the_reference_and_the_flops(workl
     # The check reads the same reference, so it reports what the first trial's check did.
     assert second["correctness"] == first["correctness"]
     assert second["flops_per_step"] == first["flops_per_step"] > 0
-    # A variant at another precision shares the fp64 reference, not the FLOPs or the eager
-    # reference of its own precision (each under its own autocast, as without a store).
+    # A variant at another precision shares the fp64 reference, not the FLOPs or eager's
+    # error at its own precision (each under its own autocast, as without a store).
     other = measure(workload, fixed, variant="eager")
     assert other["fixed_costs"] == {
         "reused": ["fp64_reference"],
-        "computed": ["flops", "eager_reference"],
+        "computed": ["flops", "eager_error"],
     }
 
 
@@ -108,7 +108,7 @@ def test_a_damaged_stored_reference_is_recomputed_with_a_note(workload, tmp_path
     stored.write_bytes(b"not a torch file")
     again = measure(workload, fixed)
     assert again["fixed_costs"] == {
-        "reused": ["flops", "eager_reference"],
+        "reused": ["flops", "eager_error"],
         "computed": ["fp64_reference"],
     }
     assert any("fp64_reference" in n and "unreadable" in n for n in again["notes"])

@@ -293,3 +293,16 @@ def test_a_trial_calibrates_every_arm_to_a_rep_of_about_rep_ms(monkeypatch):
     )
     assert result["steps_per_rep_by_arm"] == [50, 5, 5]
     assert result["steps_per_rep"] == 50
+
+
+def test_eager_errors_stand_for_eager_outputs_in_the_check():
+    torch.manual_seed(0)
+    ref = [("out", torch.randn(64, dtype=torch.float64)), ("aux", torch.randn(8).double())]
+    eager = [(n, t + 1e-3 * torch.randn_like(t)) for n, t in ref]
+    for scale in (1e-3, 1e-1):  # a pass and a fail
+        variant = [(n, t + scale * torch.randn_like(t)) for n, t in ref]
+        with_tensors = corr.compare(variant, eager, ref)
+        with_errors = corr.compare(variant, None, ref, eager_errors=corr.errors_against(eager, ref))
+        assert with_errors.to_dict() == with_tensors.to_dict()
+    assert corr.errors_against(eager[:1], ref) == [math.inf, math.inf]
+    assert not corr.compare(eager, None, ref, eager_errors=[0.1]).passed  # structure differs

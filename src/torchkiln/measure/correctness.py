@@ -130,15 +130,26 @@ def _group_rms(tensors: list[tuple[str, Any]]) -> dict[str, float]:
     return {g: math.sqrt(sq / n) for g, (sq, n) in sums.items() if n}
 
 
+def errors_against(tensors: list[tuple[str, Any]], fp64: list[tuple[str, Any]]) -> list[float]:
+    """The rmse of each tensor against its fp64 counterpart, in order (inf for every tensor when
+    the structures differ): eager's error, which a tune computes once per workload and
+    precision (runner.store.fixed) instead of loading eager's outputs in every trial."""
+    if len(tensors) != len(fp64):
+        return [math.inf] * len(fp64)
+    return [rmse(t, r) for (_, t), (_, r) in zip(tensors, fp64, strict=True)]
+
+
 def compare(
     variant: list[tuple[str, Any]],
-    eager_same_precision: list[tuple[str, Any]],
+    eager_same_precision: list[tuple[str, Any]] | None,
     fp64: list[tuple[str, Any]],
     *,
     multiplier: float = MULTIPLIER,
     relative_floor: float = RELATIVE_FLOOR,
+    eager_errors: list[float] | None = None,
 ) -> CorrectnessReport:
-    """Each list holds (name, cpu tensor) in the same order, as from ``detach_to_cpu64``.
+    """Each list holds (name, cpu tensor) in the same order, as from ``detach_to_cpu64``;
+    ``eager_errors`` (errors_against of eager's outputs) may stand for eager's tensors.
 
     The floor's scale is the larger of the tensor's own RMS and the RMS of its group (all
     parameter updates, say): a tensor whose exact value is ~0, such as the update of an
@@ -149,14 +160,16 @@ def compare(
         f"rmse(variant, fp64) <= {multiplier} * rmse(eager at the same precision, fp64)"
         f" + {relative_floor} * max(rms(fp64 tensor), rms(fp64 tensors of its group))"
     )
-    if not (len(variant) == len(eager_same_precision) == len(fp64)):
+    if eager_errors is None:
+        eager_errors = errors_against(eager_same_precision or [], fp64)
+    if not (len(variant) == len(eager_errors) == len(fp64)):
         return CorrectnessReport(
             False, [], rule, f"output structure differs: {len(variant)} tensors vs {len(fp64)}"
         )
     group_scale = _group_rms(fp64)
     checks = []
-    for (name, v), (_, e), (_, r) in zip(variant, eager_same_precision, fp64, strict=True):
-        v_err, e_err = rmse(v, r), rmse(e, r)
+    for (name, v), e_err, (_, r) in zip(variant, eager_errors, fp64, strict=True):
+        v_err = rmse(v, r)
         scale = r.double().pow(2).mean().sqrt().item() if r.is_floating_point() else 0.0
         scale = max(scale, group_scale.get(_group(name), 0.0))
         threshold = multiplier * e_err + relative_floor * scale

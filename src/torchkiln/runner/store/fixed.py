@@ -1,7 +1,7 @@
-"""Fixed costs of a tune, paid once per workload: the reference outputs of the correctness
-check (fp64 eager, and eager at the variant's precision and layout) and the FLOP count, kept
-under ``<run dir>/fixed/`` by the first trial that computes them and read by the later trials of
-the same run directory.
+"""Fixed costs of a tune, paid once per workload: the reference outputs of the correctness check
+(fp64 eager's outputs, and eager's error against them at the variant's precision and layout) and
+the FLOP count, kept under ``<run dir>/fixed/`` by the first trial that computes them and read
+by the later trials of the same run directory.
 
 None depends on the variant beyond its precision and layout: the references are plain eager on
 the unmodified model (a remedied arm's rewritten copy is loaded with the original's weights and
