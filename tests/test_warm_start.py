@@ -136,16 +136,20 @@ def test_only_a_built_in_trial_asks_the_server_to_build_ahead(tmp_path):
     assert warm.prebuild_request(["trial", str(path), "r", "p"]) is None
 
 
-def test_building_ahead_leaves_a_server_whose_children_can_use_cuda(tmp_path):
+def test_the_servers_imports_and_build_ahead_leave_children_that_can_use_cuda(tmp_path):
     """A CUDA build of torch marks the children of a process that has counted its devices (as
-    torch.cuda.is_available does) as unable to initialise CUDA: the server's build ahead must
-    not count them. Checked in a fresh interpreter, with a fork after the build."""
+    torch.cuda.is_available does) as unable to initialise CUDA: the server's imports and build
+    ahead must not count them, nor start a thread. Checked in a fresh interpreter, with a fork
+    after them."""
     import subprocess
     import sys
 
     code = (
         "import os, torch\n"
         "from torchkiln.runner.launch import warm_server\n"
+        "import threading\n"
+        "warm_server.preload()\n"
+        "assert threading.active_count() == 1, threading.enumerate()\n"
         "warm_server.prebuild({'workload': 'simple', 'preset': 'tiny', 'batch_size': None,\n"
         "                      'step': 'train', 'seed': 0})\n"
         "from torchkiln.runner.protocol import workload_copies\n"
@@ -158,3 +162,23 @@ def test_building_ahead_leaves_a_server_whose_children_can_use_cuda(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "child 0" in out.stdout
+
+
+def test_the_server_finds_out_when_its_children_could_not_use_cuda():
+    import subprocess
+    import sys
+
+    import torch
+
+    if torch.version.cuda is None:
+        pytest.skip("a CPU-only build of torch never marks its children")
+
+    code = (
+        "import torch\n"
+        "from torchkiln.runner.launch import warm_server\n"
+        "print(warm_server.forks_can_use_cuda())\n"
+        "torch.cuda.is_available()  # counts the devices (a CUDA build of torch)\n"
+        "print(warm_server.forks_can_use_cuda())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["True", "False"], out.stderr[-2000:]
