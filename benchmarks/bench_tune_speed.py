@@ -10,13 +10,15 @@ allowed. Each part is one command under 10 minutes and writes OUT/part-<name>.js
 directories under OUT/runs); --summarize combines the parts there into OUT/bench_tune_speed.json
 and prints the table. The parts, and the goal each is judged against:
 
-- `tune8:W` `kiln tune W --budget 8m`: (a) every candidate of the default plan ran (none
-  skipped for time, none stopped as a timeout, the max-autotune modes measured): planned,
-  measured, failed and skipped with their reasons, from results.json; (c) per trial, the process
-  wall less its first call (the compile) and its timed reps (`measure`), and less `host_wait`
-  too (the wait for a neighbour's turn is the price of overlapping compiles, paid back in the
-  tune's wall, not overhead of the trial: the judged reading; both are reported), median at most
-  5 s; the A/A check (eager timed against itself, its 95% interval holding 1).
+- `tune8:W` `kiln tune W --budget 8m`: (a) every candidate of the default plan ran (none skipped
+  for time, none stopped as a timeout, the max-autotune modes measured): planned, measured,
+  failed and skipped with their reasons, from results.json; candidates the device's peak ruled
+  out (`ruled_out`: their FLOP floor over 1.5x a measured step) are counted apart; (c) per
+  trial, the process wall less its first call (the compile) and its timed reps (`measure`), and
+  less `host_wait` too (the wait for a neighbour's turn is the price of overlapping compiles,
+  paid back in the tune's wall, not overhead of the trial: the judged reading; both are
+  reported), median at most 5 s; the A/A check (eager timed against itself, its 95% interval
+  holding 1).
 - `ref:W` the same tune at `--budget 15m`, run into its own directory. A 15-minute tune does not
   fit one 10-minute command: the part stops the tune at --part-timeout (a Ctrl-C: its running
   trials end unrecorded) and the same command again continues it. The second run reuses the
@@ -157,23 +159,27 @@ def plan_account(doc: dict[str, Any]) -> dict[str, Any]:
     planned += [r["spec"] for r in search.get("refined", []) if r["spec"] not in planned]
     trials = {t["variant"]: t for t in doc["trials"][1:]}
     stand_for = (search.get("before_diagnosis") or {}).get("stand_for") or {}
+    ruled_out = search.get("ruled_out") or {}
     measured, failed, not_reached = {}, {}, []
     for spec in planned:
         t = trials.get(stand_for.get(spec, spec))
         if t is None:
-            if spec not in search.get("skipped", {}):
+            if spec not in search.get("skipped", {}) and spec not in ruled_out:
                 not_reached.append(spec)
         elif t["status"] == "ok":
             measured[spec] = (t.get("speedup") or {}).get("median")
         else:
             failed[spec] = f"{t['status']}: {(t.get('reason') or '')[:300]}"
-    autotuned = [s for s in planned if "mode=max-autotune" in s]
+    autotuned = [s for s in planned if "mode=max-autotune" in s and s not in ruled_out]
     timeouts = [s for s, why in failed.items() if why.startswith("timeout")]
     return {
         "planned": planned,
         "measured": measured,
         "failed": failed,
         "skipped": search.get("skipped", {}),
+        # Never run because the device's peak proves they cannot win (tune/bounds.py): not a
+        # cut for time, reported apart.
+        "ruled_out": ruled_out,
         "not_reached": not_reached,
         "stand_for": stand_for,
         "counts": {
@@ -181,6 +187,7 @@ def plan_account(doc: dict[str, Any]) -> dict[str, Any]:
             "measured": len(measured),
             "failed": len(failed),
             "skipped": len(search.get("skipped", {})),
+            "ruled_out": len(ruled_out),
             "not_reached": len(not_reached),
         },
         "in_flight": search.get("in_flight"),
@@ -443,7 +450,8 @@ def _f(x: Any, fmt: str = ".1f") -> str:
 def print_table(doc: dict[str, Any]) -> None:
     parts = doc["parts"]
     print(
-        f"{'part':<16} {'wall s':>7} {'pick':<44} plan (measured/planned, failed, skipped)"
+        f"{'part':<16} {'wall s':>7} {'pick':<44} plan (measured/planned, failed, skipped, "
+        "ruled out)"
         "  overhead med s (excl wait)  A/A"
     )
     for name in PARTS:
@@ -457,7 +465,7 @@ def print_table(doc: dict[str, Any]) -> None:
         print(
             f"{name:<16} {_f(wall, '.0f'):>7} {str(p.get('pick')):<44} "
             f"{c.get('measured', '-')}/{c.get('planned', '-')}, {c.get('failed', '-')}, "
-            f"{c.get('skipped', '-')}  {_f(ov.get('median_outside_s'))} "
+            f"{c.get('skipped', '-')}, {c.get('ruled_out', 0)}  {_f(ov.get('median_outside_s'))} "
             f"({_f(ov.get('median_outside_excl_wait_s'))})  "
             f"{_f(aa.get('median'), '.3f')} {aa.get('ci95') and [round(x, 3) for x in aa['ci95']]}"
             f"{state}"

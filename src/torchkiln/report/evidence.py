@@ -135,6 +135,8 @@ def evidence_lines(doc: dict[str, Any]) -> list[Line]:
     skipped = search.get("skipped") or {}
     for spec, why in skipped.items():
         out.append(Line(f"Skipped {code(spec)}: {why}"))
+    for spec, why in (search.get("ruled_out") or {}).items():
+        out.append(Line(f"Ruled out {code(spec)}, never run: {why}"))
     for spec, why in (search.get("deferred") or {}).items():
         if spec not in skipped:
             out.append(Line(f"Deferred {code(spec)} at its first turn, run at its second: {why}"))

@@ -30,6 +30,7 @@ from torchkiln.runner.protocol.worker import write_json
 from torchkiln.runner.store.rundir import RunDir
 from torchkiln.tune import evidence as gather
 from torchkiln.tune import recommend
+from torchkiln.tune.bounds import ruled_out
 from torchkiln.tune.diagnosis import Diagnosis, Findings
 from torchkiln.tune.head_to_head import LEND_CACHES, head_to_head_stage
 from torchkiln.tune.limits import (
@@ -120,6 +121,7 @@ def refine(
         return next_index
     same = same_code(evidence)
     tried = {r["variant"] for r in results} | set(search["skipped"]) | set(running)
+    tried |= set(search.get("ruled_out") or {})
     done = {same(s) for s in tried}
     todo = [c for c in refinements(lead["variant"], evidence) if same(c.spec) not in done]
     if not todo:
@@ -361,6 +363,7 @@ def tune(
     events.stage("search", f"trials in flight: {in_flight}", left())
     queue = SearchQueue(plan)
     stages["search"]["refined"] = []
+    stages["search"]["ruled_out"] = {}
     stages["search"]["deferred"] = queue.deferred_why
     next_index = len(plan) + 1
     running: set[str] = set()  # started, no result yet
@@ -412,9 +415,21 @@ def tune(
         )  # fmt: skip
         return True
 
+    def rule_out() -> None:
+        """Drop the queued candidates the device's peak rules out (bounds.py), with why."""
+        for held in (queue.pending, queue.deferred):
+            for item in list(held):
+                why = ruled_out(item[1].spec, results, eager, set(allow_precision))
+                if why is not None:
+                    held.remove(item)
+                    stages["search"]["ruled_out"][item[1].spec] = why
+                    events.skipped(item[1].spec, why)
+
     def next_trial() -> tuple[Candidate, TrialSpec] | None:
         # The next candidate that fits what is left, when a GPU frees (executors.stream).
         diagnosed_now = diagnosis_in()
+        if given is None:
+            rule_out()
         if not diagnosed_now and len(running) >= len(slots) - 1:
             return None  # the diagnosis holds one place in flight
         # Before the diagnosis, deferred primaries wait with it for the rest of the plan.
