@@ -119,6 +119,29 @@ def test_bucketed_trial_compiles_once_per_bucket_and_not_after_warmup(tiny):
     assert r["compiles"] in (0, None)
     assert r["eager_fallbacks"] == 0 and r["mismatched_items"] == []
     assert r["varying_dims"] == [[0, 1, "seq"]]
+    assert r["compile_cache"] == "fresh per trial"
+
+
+def test_a_stream_trial_compiles_into_empty_caches_of_its_own(monkeypatch):
+    from torchkiln import cli_stream
+    from torchkiln.diagnose import _subproc
+
+    seen = []
+
+    def fake_run_module(module, args, *, env=None, **_):
+        seen.append({k: (v, os.listdir(v) if os.path.isdir(v) else None) for k, v in env.items()})
+        Path(args[1]).write_text(json.dumps({"status": "ok"}))
+        return _subproc.ProcResult(0, "", "", False, 0.0)
+
+    monkeypatch.setattr(_subproc, "run_module", fake_run_module)
+    for _ in range(2):
+        r = cli_stream.run_stream_trial({"variant": "inductor"}, 10)
+        assert r["compile_cache"] == "fresh per trial"
+    first, second = seen
+    for key in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        assert first[key][0] != second[key][0]  # never the same directory twice
+        assert first[key][1] in (None, [])  # empty when the replay starts
+        assert not os.path.exists(first[key][0])  # gone with the trial
 
 
 def test_tune_on_a_stream_picks_the_fastest_correct_candidate(tiny, tmp_path):

@@ -85,17 +85,25 @@ def cmd_bench_stream(args: argparse.Namespace, device: str, variants: list[str])
 def run_stream_trial(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     """One candidate's replay in a fresh process: on timeout its whole process group is ended
     (Inductor's compile workers too), a Ctrl-C ends it, and with KILN_HOST_TURNS it holds an
-    exclusive turn throughout (its compiles and timed items interleave)."""
+    exclusive turn throughout (its compiles and timed items interleave). Its compile caches
+    (Inductor's, Triton's) are its own and start empty, so every compile it counts is one it
+    paid: with the user's default cache, a candidate replayed before (by another tune, or a
+    twin in this one) would load its code and read as compiling faster than it does."""
     from torchkiln.diagnose._subproc import run_module
 
     with tempfile.TemporaryDirectory(prefix="kiln-stream-") as tmp:
         sp, op = Path(tmp) / "spec.json", Path(tmp) / "out.json"
         sp.write_text(json.dumps(spec))
+        caches = {
+            "TORCHINDUCTOR_CACHE_DIR": str(Path(tmp) / "cache" / "inductor"),
+            "TRITON_CACHE_DIR": str(Path(tmp) / "cache" / "triton"),
+        }
         proc = run_module(
             "torchkiln.runner.protocol.stream_trial",
             [str(sp), str(op)],
             timeout=timeout_s,
             timed=True,
+            env=caches,
         )
         if proc.timed_out:
             return {
@@ -110,7 +118,7 @@ def run_stream_trial(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
                 "status": "crashed",
                 "error": f"exit {proc.returncode}: {tail}",
             }
-        return json.loads(op.read_text())
+        return {**json.loads(op.read_text()), "compile_cache": "fresh per trial"}
 
 
 def _render(doc: dict[str, Any]) -> None:
