@@ -56,12 +56,12 @@ def tiny(tmp_path):
 def test_the_plan_holds_every_shape_candidate():
     cpu = [c.name for c in stream_candidates("cpu", set())]
     assert cpu == [
+        "inductor:dynamic=false+bucket=learned",
+        "inductor:dynamic=false+bucket=pow2",
+        "inductor+mark_dynamic",
         "inductor:dynamic=true",
         "inductor",
-        "inductor+mark_dynamic",
         "inductor:dynamic=false+recompile_limit=64",
-        "inductor:dynamic=false+bucket=pow2",
-        "inductor:dynamic=false+bucket=learned",
     ]
     gpu = [c.name for c in stream_candidates("cuda", {"bf16"}, can_bucket=False)]
     assert "inductor:mode=reduce-overhead,dynamic=true+bf16" in gpu
@@ -70,6 +70,16 @@ def test_the_plan_holds_every_shape_candidate():
     assert "inductor+bf16+mark_dynamic" in gpu
     assert not any("bucket" in n for n in gpu)
     assert len(gpu) == 2 * 2 * 4  # fp32 and bf16, two modes, four ways
+    # On a GPU: the allowed precision first, each way under both modes before the next way.
+    full = [c.name for c in stream_candidates("cuda", {"bf16"})]
+    assert full[:4] == [
+        "inductor:dynamic=false+bf16+bucket=learned",
+        "inductor:mode=reduce-overhead,dynamic=false+bf16+bucket=learned",
+        "inductor:dynamic=false+bf16+bucket=pow2",
+        "inductor:mode=reduce-overhead,dynamic=false+bf16+bucket=pow2",
+    ]
+    assert full[11] == "inductor:mode=reduce-overhead,dynamic=false+bf16+recompile_limit=64"
+    assert full[12] == "inductor:dynamic=false+bucket=learned" and len(full) == 24
     unsized = stream_candidates("cpu", set(), can_bucket=False, can_mark=False)
     assert not any("mark_dynamic" in c.name or "bucket" in c.name for c in unsized)
     for n in cpu + gpu:
@@ -336,3 +346,31 @@ def test_a_stream_trial_past_its_timeout_is_a_timeout(tiny):
     spec = {"workload": factory, "preset": "tiny", "device": "cpu", "stream": str(trace)}
     r = run_stream_trial({**spec, "variant": "eager"}, 0.2)
     assert r == {"variant": "eager", "status": "timeout", "error": "the trial ran past 0 s"}
+
+
+def test_no_stream_trial_but_the_last_takes_more_than_its_share_of_the_budget(tiny, monkeypatch):
+    from torchkiln import cli_stream
+    from torchkiln.tune import stream_search
+
+    factory, trace = tiny
+    caps = []
+
+    def fake(spec, timeout_s):
+        caps.append((spec["variant"], timeout_s))
+        return {"variant": spec["variant"], "status": "timeout",
+                "error": f"the trial ran past {timeout_s:.0f} s"}  # fmt: skip
+
+    monkeypatch.setattr(cli_stream, "run_stream_trial", fake)
+    doc = stream_search.tune_stream(
+        factory, device="cpu", preset="tiny", batch_size=None, budget_s=1000,
+        allow_precision=set(), out=Path(trace).parent / "out", stream=str(trace),
+        stream_len=None,
+    )  # fmt: skip
+    assert [v for v, _ in caps] == [c.name for c in stream_candidates("cpu", set())]
+    *first, (_, last) = caps
+    for _, cap in first:
+        assert 0.33 * 1000 < cap <= 0.35 * 1000 + 1e-6  # a share of what was left, nearly all
+    assert last > 990  # the last may take all that is left
+    reasons = [t["reason"] for t in doc["trials"]]
+    assert all("its share of the budget: 35% of the" in r for r in reasons[:-1])
+    assert "share" not in reasons[-1]

@@ -20,6 +20,10 @@ from torchkiln.tune.stream_plan import StreamCandidate, stream_candidates
 from torchkiln.tune.time_spent import time_spent
 
 MIN_TRIAL_S = 10.0  # less than this left: the next trial could not finish its compiles
+# One trial may take at most this share of what is left (the last one, all of it): a static
+# candidate with a raised recompile limit compiles once per distinct shape, up to 64 compiles
+# on a long stream, and alone it could spend the budget the candidates after it needed.
+TRIAL_SHARE = 0.35
 
 
 def load_stream(
@@ -169,14 +173,19 @@ def tune_stream(
 
     raw: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
-    for c in plan:
+    for k, c in enumerate(plan):
         room = left()
         if room < MIN_TRIAL_S:
             skipped[c.name] = f"the budget is spent ({max(0.0, room):.0f} s left)"
             continue
         if events is not None:
             events.stage("search", f"{c.name} on the stream", room)
-        raw.append(run_stream_trial({**base, "variant": c.name}, room))
+        last = k == len(plan) - 1
+        cap = room if last else max(MIN_TRIAL_S, TRIAL_SHARE * room)
+        r = run_stream_trial({**base, "variant": c.name}, cap)
+        if r.get("status") == "timeout" and cap < room:
+            r["error"] += f" (its share of the budget: {TRIAL_SHARE:.0%} of the {room:.0f} s left)"
+        raw.append(r)
     errors = {r.get("error") for r in raw if r.get("status") == "error"}
     if raw and len(errors) == 1 and all(r.get("status") == "error" for r in raw):
         # the same refusal in every trial is the stream's fault, not a candidate's
