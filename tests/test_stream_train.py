@@ -189,11 +189,11 @@ def test_tune_on_a_training_stream_plans_the_family_and_picks_the_least_total(
     validate(doc)
     assert doc["step"] == "train"
     assert doc["stages"]["search"]["planned"] == [
+        "inductor:dynamic=false+bucket=learned",
+        "inductor:dynamic=false+bucket=pow2",
         "inductor:dynamic=true",
         "inductor",
         "inductor:dynamic=false+recompile_limit=64",
-        "inductor:dynamic=false+bucket=pow2",
-        "inductor:dynamic=false+bucket=learned",
     ]
     assert all(t["step"] == "train" and t["status"] == "ok" for t in doc["trials"]), doc["trials"]
     sel = doc["selection"]
