@@ -284,3 +284,51 @@ def test_tune_reuse_check_judges_what_each_run_reused():
     assert not judged["C measured the stopped trial"]
     d_again = run(0, c_trials, c_trials)
     assert not check.judge(a, b, c, d_again)["D measured none of C's trials again"]
+
+
+def test_tune_speed_judges_the_plan_the_overhead_the_aa_check_and_the_loop():
+    ts = _load("bench_tune_speed")
+
+    def trial(spec, status="ok", **kw):
+        return {"variant": spec, "status": status, "speedup": {"median": 2.0}, **kw}
+
+    doc = {
+        "stages": {"search": {
+            "planned": ["a+bf16", "b+bf16", "c", "d"],
+            "skipped": {"d": "would not fit the budget"},
+            "ruled_out": {"c": "cannot win: at fp32 ..."},
+            "refined": [{"spec": "e+bf16"}],
+        }},
+        "trials": [trial("eager"), trial("a+bf16"), trial("b+bf16", "timeout", reason="timeout: x"),
+                   trial("e+bf16")],
+    }  # fmt: skip
+    plan = ts.plan_account(doc)
+    assert plan["counts"] == {"planned": 5, "measured": 2, "failed": 1, "skipped": 1,
+                              "ruled_out": 1, "not_reached": 0}  # fmt: skip
+    assert not plan["every_candidate_ran"]  # one skipped for time, one timed out
+    doc["stages"]["search"]["skipped"] = {}
+    doc["trials"][2] = trial("b+bf16")
+    doc["stages"]["search"]["planned"].remove("d")
+    assert ts.plan_account(doc)["every_candidate_ran"]  # the ruled-out one is no cut
+    # Per trial: the process wall less its compile and its timed reps, and less its waits too.
+    phases = {"first_call": 10.0, "measure": 3.0, "host_wait": 2.0, "setup": 1.0}
+    timed = {"trials": [{**trial("a"), "id": "01-a", "phase_s": phases, "process_wall_s": 17.0}]}
+    ov = ts.overheads(timed)
+    assert (ov["median_outside_s"], ov["median_outside_excl_wait_s"]) == (4.0, 2.0)
+    assert ov["goal_median_excl_wait_le_5s"] is True
+    # The A/A goal as stated: to two decimals the interval contains 1.00, median within 2%.
+    assert ts.aa_holds(0.9990, [0.9985, 0.9996]) is True
+    assert ts.aa_holds(0.985, [0.98, 0.99]) is False
+    assert ts.aa_holds(1.0, None) is None
+    # The loop against the arms' tune: only a tune that measured every arm is compared.
+    arms = {"wall_s": 240.0, "plan": {"every_candidate_ran": True}, "aa": None}
+    goals = ts.judge({"loop": {"complete": True, "wall_s": 254.0}, "arms:gpt2": arms})
+    assert goals["e_arms_over_loop"]["goal"] is True
+    assert abs(goals["e_arms_over_loop"]["ratio"] - 240 / 254) < 1e-9
+    arms["plan"]["every_candidate_ran"] = False
+    assert (
+        ts.judge({"loop": {"complete": True, "wall_s": 254.0}, "arms:gpt2": arms})[
+            "e_arms_over_loop"
+        ]["goal"]
+        is False
+    )
