@@ -54,8 +54,8 @@ def test_slots_follow_the_device(monkeypatch):
     assert search_slots("cuda", [0, 1], eager)[0] == [0, 1]  # one per GPU
     assert search_slots("cuda:0", [], eager, requested=3)[0] == [None, None, None]
     monkeypatch.setenv(COMPILE_WORKERS_ENV, "2")
-    slots, why = search_slots("cuda", [0], eager)
-    assert slots == [None, None] and "asked for" in why
+    slots, why, compiles = search_slots("cuda", [0], eager)
+    assert slots == [None, None] and "asked for" in why and compiles is None
     monkeypatch.setenv(COMPILE_WORKERS_ENV, "none")
     with pytest.raises(KilnUserError, match=COMPILE_WORKERS_ENV):
         search_slots("cuda", [0], eager)
@@ -71,3 +71,17 @@ def test_a_count_below_one_is_refused():
     )
     assert proc.returncode == 2
     assert "--compile-workers" in proc.stderr
+
+
+def test_on_one_gpu_twice_the_compile_slots_are_in_flight_as_memory_allows(monkeypatch):
+    from torchkiln.runner.launch import concurrency
+
+    monkeypatch.delenv(COMPILE_WORKERS_ENV, raising=False)
+    assert concurrency.alive_trials(4, 128 * GIB, 141 * GIB, 200 << 20) == 8
+    assert concurrency.alive_trials(4, 40 * GIB, 141 * GIB, 0) == 5  # host memory: 40 / 8
+    assert concurrency.alive_trials(2, 512 * GIB, 80 * GIB, 20 * GIB) == 2  # never below
+    monkeypatch.setattr(concurrency.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(concurrency, "_host_memory_bytes", lambda: 128 * GIB)
+    slots, why, compiles = search_slots("cuda", [0], _eager(141 * GIB, 200 << 20))
+    assert (len(slots), compiles) == (8, 4)
+    assert why.startswith("8 at once, 4 compiling at most (default is the tightest limit")

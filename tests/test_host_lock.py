@@ -248,3 +248,63 @@ def test_a_timed_turn_is_exclusive_and_a_busy_one_shared(tmp_path):
     with shared_turn(path):
         assert can(fcntl.LOCK_SH) and not can(fcntl.LOCK_EX)
     assert can(fcntl.LOCK_EX)
+
+
+def _spans(outs: dict) -> list:
+    return [(who, *s) for who, out in outs.items() for s in out["spans"]]
+
+
+def _never_beside(spans: list) -> None:
+    """No trial's timed reps overlap anything another trial did."""
+    for who, name, t0, t1 in spans:
+        if name != "measure":
+            continue
+        for other, other_name, u0, u1 in spans:
+            if other != who:
+                assert t1 <= u0 or u1 <= t0, f"{who}'s reps overlapped {other}'s {other_name}"
+
+
+def test_a_compile_may_start_while_a_trial_waits_for_its_timed_turn(tmp_path):
+    # A compiles for 2.5 s; B asks for its timed turn at 0.3 s; C starts a compile at 0.8 s. B
+    # waits for compiles without holding the turnstile, so C compiles beside A (one wait for B
+    # instead of two, one after the other), and B times its reps once both are done.
+    lock = tmp_path / "host.lock"
+    a = _start(lock, {"delay": 0.0, "phases": [["first_call", 2.5]]})
+    b = _start(lock, {"delay": 0.3, "phases": [["measure", 0.3]]})
+    c = _start(lock, {"delay": 0.8, "phases": [["build", 0.05], ["first_call", 0.5]]})
+    procs = {"a": a, "b": b, "c": c}
+    outs = {k: json.loads(p.communicate(timeout=60)[0]) for k, p in procs.items()}
+    spans = _spans(outs)
+    _never_beside(spans)
+    a_compile = next(s for s in outs["a"]["spans"] if s[0] == "first_call")
+    c_compile = next(s for s in outs["c"]["spans"] if s[0] == "first_call")
+    (b_measure,) = outs["b"]["spans"]
+    assert c_compile[1] < a_compile[2]  # C compiled beside A: B's wait did not hold it back
+    assert b_measure[1] >= max(a_compile[2], c_compile[2])
+
+
+def test_no_more_compiles_run_at_once_than_the_pool_allows(tmp_path):
+    from torchkiln.runner.launch.host_lock import compile_slots, set_compile_slots
+
+    for slots, beside in ((1, False), (2, True)):
+        lock = tmp_path / f"host{slots}.lock"
+        set_compile_slots(str(lock), slots)
+        assert compile_slots(str(lock)) == slots
+        procs = [_start(lock, {"delay": 0.0, "phases": [["first_call", 0.8]]}) for _ in range(2)]
+        (_, a0, a1), (_, b0, b1) = (json.loads(p.communicate(timeout=60)[0])["spans"][0]
+                                    for p in procs)  # fmt: skip
+        assert (a0 < b1 and b0 < a1) is beside
+
+
+def test_the_pool_removes_every_file_beside_its_lock(tmp_path):
+    from torchkiln.runner.launch.host_lock import remove_lock_files, set_compile_slots
+
+    path = str(tmp_path / "host.lock")
+    set_compile_slots(path, 2)
+    lock = HostLock(path)
+    lock.enter("first_call")
+    lock.enter("measure")
+    lock.close()
+    assert len(list(tmp_path.iterdir())) >= 5
+    remove_lock_files(path)
+    assert list(tmp_path.iterdir()) == []

@@ -105,3 +105,29 @@ def test_independent_candidates_run_at_once_one_per_gpu(tmp_path, monkeypatch):
     # The tune still ends with a pick and the head-to-head of its finalists.
     assert doc["selection"]["best"] is not None
     assert (tmp_path / "t" / "report.html").exists()
+
+
+def test_on_one_gpu_the_pool_allows_its_compile_slots_to_every_trial(tmp_path, monkeypatch):
+    from torchkiln.runner.launch.host_lock import compile_slots
+
+    seen = []
+
+    def fake_run_trial(spec, trial_dir, *, host_lock=None, **_):
+        seen.append(None if host_lock is None else compile_slots(host_lock))
+        result = _trial(spec.variant, 5.0, 2.0 if spec.index else 1.0, 1.0)
+        result.update(id=spec.id, baseline=spec.baseline, process_wall_s=1.0)
+        return result
+
+    monkeypatch.setattr(pipeline, "run_trial", fake_run_trial)
+    monkeypatch.setattr(pipeline, "visible_gpus", lambda device: [None])
+    why = "4 at once, 2 compiling at most"
+    monkeypatch.setattr(pipeline, "search_slots", lambda *a: ([None] * 4, why, 2))
+    monkeypatch.setattr(pipeline, "preflight", lambda *a, **k: {"ok": True})
+    monkeypatch.setattr(evidence, "profile_verdict", lambda spec, t, **kw: {"verdict": "balanced"})
+    monkeypatch.setattr(evidence, "graph_breaks", lambda spec, t: {"breaks": 0})
+    monkeypatch.setenv("KILN_WARM_START", "0")
+    doc = pipeline.tune("simple", device="cpu", preset="tiny", budget_s=600, out=tmp_path / "t",
+                        history=False)  # fmt: skip
+    assert doc["stages"]["search"]["in_flight"] == {"trials": 4, "why": why, "compiles": 2}
+    search = seen[1 : len(doc["trials"])]  # after the eager baseline, which runs alone
+    assert search and all(n == 2 for n in search)

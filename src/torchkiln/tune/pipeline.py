@@ -22,7 +22,7 @@ from torchkiln.repair.plan import check_mode as check_fix_mode
 from torchkiln.report.drift import baseline_drift
 from torchkiln.runner.launch import compile_cache, executors, warm
 from torchkiln.runner.launch.concurrency import search_slots
-from torchkiln.runner.launch.host_lock import host_turns, remove_lock_files
+from torchkiln.runner.launch.host_lock import host_turns, remove_lock_files, set_compile_slots
 from torchkiln.runner.launch.orphan import stop_trials, trials_may_run
 from torchkiln.runner.launch.trial_process import preflight, run_trial
 from torchkiln.runner.protocol.trial import TrialSpec, base_result
@@ -296,15 +296,18 @@ def tune(
         allow_precision=set(allow_precision),
         xla_available=all(importlib.util.find_spec(m) for m in ("jax", "torchax")),
     )
+    compiles = None
     if in_process:
         slots, in_flight = [None], "1 at once: trials run in this process"
     else:
         gpus = [g for g in visible_gpus(device) if g is not None]
-        slots, in_flight = search_slots(device, gpus, eager, compile_workers)
+        slots, in_flight, compiles = search_slots(device, gpus, eager, compile_workers)
     # The diagnosis takes one of the places in flight: beside the search's first trials when
     # there are two or more (never on the CPU, where a compile beside another reads slower).
     beside = not in_process and len(slots) > 1
     host_lock = (host_turns() or executors.host_lock_file()) if beside else None
+    if host_lock is not None and host_lock != host_turns() and compiles:
+        set_compile_slots(host_lock, compiles)  # its own pool's file: the others' are theirs
     for key in ("profile", "graph_breaks", "repair"):  # in this order in results.json
         stages[key] = {"status": "running"}
     diagnosed: dict[str, Any] = {}  # the plan's document, once the diagnosis is in
@@ -360,6 +363,8 @@ def tune(
     # Estimates are updated from what each trial really took.
     estimate = Estimator(float(eager.get("process_wall_s") or 30.0))
     stages["search"]["in_flight"] = {"trials": len(slots), "why": in_flight}
+    if compiles:
+        stages["search"]["in_flight"]["compiles"] = compiles
     events.stage("search", f"trials in flight: {in_flight}", left())
     queue = SearchQueue(plan)
     stages["search"]["refined"] = []

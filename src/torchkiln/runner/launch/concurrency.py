@@ -27,6 +27,9 @@ HOST_GIB_PER_TRIAL = 8
 # than GPU_GIB_PER_TRIAL.
 EAGER_PEAKS_PER_TRIAL = 4
 GPU_GIB_PER_TRIAL = 8
+# Trials in flight per compile slot, and at most, on one GPU (alive_trials).
+ALIVE_PER_COMPILE = 2
+MAX_ALIVE = 8
 
 _GIB = 1 << 30
 
@@ -57,30 +60,48 @@ def auto_workers(
     return n, f"{n} at once ({which} is the tightest limit)"
 
 
+def alive_trials(
+    compiles: int, host_bytes: int | None, gpu_bytes: int | None, eager_peak: int | None
+) -> int:
+    """Trials kept in flight on one GPU when ``compiles`` may compile at once: twice as many,
+    at most MAX_ALIVE and what the host's and the GPU's memory hold. A trial waiting for its
+    timed turn compiles nothing; with no other trial to start, a long compile (max-autotune:
+    83-96 s for GPT-2 small on an H200) left the host's other compile slots idle."""
+    limits = [ALIVE_PER_COMPILE * compiles, MAX_ALIVE]
+    if host_bytes:
+        limits.append(host_bytes // (HOST_GIB_PER_TRIAL * _GIB))
+    if gpu_bytes:
+        per = max(GPU_GIB_PER_TRIAL * _GIB, EAGER_PEAKS_PER_TRIAL * (eager_peak or 0))
+        limits.append(gpu_bytes // per)
+    return max(compiles, int(min(limits)))
+
+
 def search_slots(
     device: str, gpus: list[int], eager: dict[str, Any], requested: int | None = None
-) -> tuple[list[int | None], str]:
-    """Slots for the search's trials (executors.stream): a GPU index per slot, None unpinned.
+) -> tuple[list[int | None], str, int | None]:
+    """Slots for the search's trials (executors.stream): a GPU index per slot, None unpinned;
+    why; and how many of them may compile at once (None: no limit beyond the slots).
     ``gpus`` are the visible GPUs, ``eager`` the eager trial's result (its environment and peak
     memory size the default), ``requested`` the user's count (``--compile-workers``, else
-    KILN_COMPILE_WORKERS)."""
+    KILN_COMPILE_WORKERS): that many in flight, each free to compile."""
     if len(gpus) > 1:
-        return list(gpus), f"{len(gpus)} at once, one per visible GPU"
+        return list(gpus), f"{len(gpus)} at once, one per visible GPU", None
     if not device.startswith("cuda"):
-        return [None], "1 at once: on the CPU the compiler and the timed steps share the cores"
+        why = "1 at once: on the CPU the compiler and the timed steps share the cores"
+        return [None], why, None
     if requested is None and os.environ.get(COMPILE_WORKERS_ENV):
         requested = parse_workers(os.environ[COMPILE_WORKERS_ENV], COMPILE_WORKERS_ENV)
     if requested is not None:
-        return [None] * requested, f"{requested} at once (asked for)"
+        return [None] * requested, f"{requested} at once (asked for)", None
     gpu = (eager.get("environment") or {}).get("gpu") or {}
     memory = eager.get("memory") or {}
-    n, why = auto_workers(
-        os.cpu_count(),
-        _host_memory_bytes(),
-        gpu.get("memory_bytes"),
-        memory.get("peak_reserved_bytes"),
-    )
-    return [None] * n, why
+    host, gpu_bytes = _host_memory_bytes(), gpu.get("memory_bytes")
+    peak = memory.get("peak_reserved_bytes")
+    n, why = auto_workers(os.cpu_count(), host, gpu_bytes, peak)
+    alive = alive_trials(n, host, gpu_bytes, peak)
+    if alive > n:
+        why = f"{alive} at once, {n} compiling at most ({why.split('(', 1)[1]}"
+    return [None] * alive, why, n
 
 
 def parse_workers(text: str, what: str = "--compile-workers") -> int:

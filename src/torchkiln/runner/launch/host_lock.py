@@ -49,6 +49,25 @@ WAIT_SHOWN_S = 0.001
 TIMED_PHASES = frozenset({"measure", "measure_baseline"})
 # Phases that hold no lock: the trial is finished.
 IDLE_PHASES = frozenset({"done"})
+# Compiles: a trial waiting for its timed turn waits for them without holding the turnstile, so
+# the others may start phases (and compiles) meanwhile; at most the pool's compile slots run at
+# once. On an H200, GPT-2 tunes at 80a1fc3 (tune_speed/h200): while one max-autotune compile ran
+# (83 and 96 s), three trials that had compiled waited for their timed turn holding every
+# other trial at its next phase; each wait was one long compile, paid twice in a tune.
+COMPILE_PHASES = frozenset({"first_call", "correctness_compile"})
+# Beside the lock file: held shared by every trial compiling now.
+COMPILING_SUFFIX = ".compiling"
+# Held shared by every trial waiting for its timed turn, until it holds the turnstile.
+WRITERS_SUFFIX = ".writers"
+# The number of compiles the pool allows at once (a file the pool writes), and one lock file
+# per compile slot.
+SLOTS_SUFFIX = ".slots"
+SLOT_SUFFIX = ".compile-slot-"
+POLL_S = 0.01
+# A trial whose compile ends while trials wait for their timed turn lets them take it first:
+# it waits until they hold the turnstile, at most this long (they may be waiting for another
+# trial's compile, which it need not wait out).
+YIELD_MAX_S = 1.0
 
 
 def lock_mode(phase: str) -> int | None:
@@ -68,6 +87,11 @@ class HostLock:
         self.path = path
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         self.turn_fd = os.open(path + TURNSTILE_SUFFIX, os.O_RDWR | os.O_CREAT, 0o644)
+        self.compiling_fd = os.open(path + COMPILING_SUFFIX, os.O_RDWR | os.O_CREAT, 0o644)
+        self.writers_fd = os.open(path + WRITERS_SUFFIX, os.O_RDWR | os.O_CREAT, 0o644)
+        self.slots = compile_slots(path)
+        self.slot_fd: int | None = None
+        self.compiling = False
         self.mode: int | None = None
 
     @classmethod
@@ -76,7 +100,85 @@ class HostLock:
         return cls(path) if path else None
 
     def enter(self, phase: str) -> float:
-        return self.hold(lock_mode(phase))
+        """Release the last phase's turn and take this one's; the seconds waited. A compile
+        takes a compile slot and marks itself compiling; a timed phase waits, without holding
+        the turnstile, until nothing compiles, then takes its turn as any phase does."""
+        mode = lock_mode(phase)
+        compile_phase = phase in COMPILE_PHASES
+        if not (compile_phase or self.compiling) and mode == self.mode and mode != fcntl.LOCK_SH:
+            return 0.0  # one timed phase to the next (or done to done): the turn is kept
+        t0 = time.perf_counter()
+        was_compiling = self.compiling
+        self.hold(None)
+        self._end_compile()
+        if was_compiling:
+            self._yield_to_writers()
+        if compile_phase:
+            self._take_slot()
+            fcntl.flock(self.compiling_fd, fcntl.LOCK_SH)
+            self.compiling = True
+        elif mode == fcntl.LOCK_EX:
+            return time.perf_counter() - t0 + self._timed_turn()
+        self.hold(mode)
+        return time.perf_counter() - t0
+
+    def _timed_turn(self) -> float:
+        """Wait until no trial compiles, holding nothing the others need (a compile may start
+        meanwhile: it is waited for too), then take the turnstile and the exclusive lock."""
+        t0 = time.perf_counter()
+        fcntl.flock(self.writers_fd, fcntl.LOCK_SH)
+        try:
+            fcntl.flock(self.compiling_fd, fcntl.LOCK_EX)
+            fcntl.flock(self.compiling_fd, fcntl.LOCK_UN)
+            fcntl.flock(self.turn_fd, fcntl.LOCK_EX)
+        finally:
+            fcntl.flock(self.writers_fd, fcntl.LOCK_UN)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        finally:
+            fcntl.flock(self.turn_fd, fcntl.LOCK_UN)
+        self.mode = fcntl.LOCK_EX
+        return time.perf_counter() - t0
+
+    def _yield_to_writers(self) -> None:
+        """After a compile: while trials wait for their timed turn (their compile was perhaps
+        the last they waited for), let them reach the turnstile first, for at most
+        YIELD_MAX_S."""
+        deadline = time.monotonic() + YIELD_MAX_S
+        while True:
+            try:
+                fcntl.flock(self.writers_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    return
+                time.sleep(POLL_S)
+                continue
+            fcntl.flock(self.writers_fd, fcntl.LOCK_UN)
+            return
+
+    def _take_slot(self) -> None:
+        """One of the pool's compile slots, when it set a number (else none is needed)."""
+        if not self.slots:
+            return
+        while True:
+            for i in range(self.slots):
+                fd = os.open(f"{self.path}{SLOT_SUFFIX}{i}", os.O_RDWR | os.O_CREAT, 0o644)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    continue
+                self.slot_fd = fd
+                return
+            time.sleep(POLL_S * 5)
+
+    def _end_compile(self) -> None:
+        if self.compiling:
+            fcntl.flock(self.compiling_fd, fcntl.LOCK_UN)
+            self.compiling = False
+        if self.slot_fd is not None:
+            os.close(self.slot_fd)  # closing it drops its lock
+            self.slot_fd = None
 
     def hold(self, mode: int | None) -> float:
         """Take ``mode`` (fcntl.LOCK_EX for timed work, LOCK_SH for other work, None for
@@ -102,9 +204,25 @@ class HostLock:
         return time.perf_counter() - t0
 
     def close(self) -> None:
-        os.close(self.fd)  # closing the descriptor drops any lock it holds
-        os.close(self.turn_fd)
+        self._end_compile()
+        for fd in (self.fd, self.turn_fd, self.compiling_fd, self.writers_fd):
+            os.close(fd)  # closing the descriptor drops any lock it holds
         self.mode = None
+
+
+def compile_slots(path: str) -> int | None:
+    """The compiles the pool of ``path`` allows at once (None: no limit)."""
+    try:
+        n = int(open(path + SLOTS_SUFFIX).read().strip())
+    except (OSError, ValueError):
+        return None
+    return n if n > 0 else None
+
+
+def set_compile_slots(path: str, n: int) -> None:
+    """Allow ``n`` compiles at once among the trials taking turns on ``path``."""
+    with open(path + SLOTS_SUFFIX, "w") as f:
+        f.write(f"{n}\n")
 
 
 def host_turns() -> str | None:
@@ -128,7 +246,11 @@ def shared_turn(path: str | None, *, timed: bool = False) -> Iterator[float]:
 
 
 def remove_lock_files(path: str) -> None:
-    """Remove the pool's lock file and its turnstile (the pool's own cleanup)."""
-    for p in (path, path + TURNSTILE_SUFFIX):
+    """Remove the pool's lock file, its turnstile and the files beside them (the pool's own
+    cleanup)."""
+    slots = compile_slots(path) or 0
+    beside = (TURNSTILE_SUFFIX, COMPILING_SUFFIX, WRITERS_SUFFIX, SLOTS_SUFFIX)
+    files = [path, *(path + s for s in beside), *(f"{path}{SLOT_SUFFIX}{i}" for i in range(slots))]
+    for p in files:
         if os.path.exists(p):
             os.unlink(p)
