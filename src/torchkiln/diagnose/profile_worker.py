@@ -144,15 +144,14 @@ def count_flops(arm: Any, spec: Any, variant: Any) -> int:
 def take_turn(lock: HostLock | None, name: str, result: dict[str, Any]) -> None:
     """The turn phase ``name`` needs (exclusive when timed), its wait recorded as
     ``host_wait``; this phase's queued GPU work is finished before the turn changes hands."""
-    import fcntl
-
     from torchkiln.runner.protocol.worker import device_idle
 
     if lock is None:
         return
     device_idle()
     wall = time.time()
-    waited = lock.hold(fcntl.LOCK_EX if name in TIMED_PHASES else fcntl.LOCK_SH)
+    # As a trial's phases: a timed one waits out compiles without holding the turnstile.
+    waited = lock.enter("measure" if name in TIMED_PHASES else "busy")
     phase_s = result.setdefault("phase_s", {})
     phase_s["host_wait"] = round(phase_s.get("host_wait", 0.0) + waited, 3)
     if waited >= WAIT_SHOWN_S:
