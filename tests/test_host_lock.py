@@ -308,3 +308,27 @@ def test_the_pool_removes_every_file_beside_its_lock(tmp_path):
     assert len(list(tmp_path.iterdir())) >= 5
     remove_lock_files(path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_many_trials_with_compile_slots_all_finish_and_never_time_beside_work(tmp_path):
+    import random
+
+    from torchkiln.runner.launch.host_lock import set_compile_slots
+
+    lock = tmp_path / "host.lock"
+    set_compile_slots(str(lock), 2)
+    rng = random.Random(7)
+    kinds = ["build", "first_call", "warmup", "measure", "correctness", "correctness_compile"]
+    plans = [
+        {"delay": rng.uniform(0, 0.3),
+         "phases": [[rng.choice(kinds), rng.uniform(0.02, 0.25)] for _ in range(8)]}
+        for _ in range(6)
+    ]  # fmt: skip
+    procs = {str(i): _start(lock, plan) for i, plan in enumerate(plans)}
+    outs = {k: json.loads(p.communicate(timeout=120)[0]) for k, p in procs.items()}
+    spans = _spans(outs)
+    _never_beside(spans)
+    compiling = ("first_call", "correctness_compile")
+    compiles = [(t0, t1) for _, name, t0, t1 in spans if name in compiling]
+    for t0, _ in compiles:  # never more than two compiling at once
+        assert sum(u0 <= t0 < u1 for u0, u1 in compiles) <= 2
