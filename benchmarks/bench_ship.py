@@ -1,8 +1,9 @@
 """How fast a production process reaches its first fast output from a `kiln ship` directory.
 
-For each case, the pick is shipped (compile cache, Inductor's kernels, an AOTInductor package for
-inference where torch.export succeeds) and each route is started in its own fresh process with
-an empty compile cache: cold compile, compile cache, AOTInductor. Judged against the goals:
+For each case, the pick is shipped (compile cache, Inductor's kernels, and for inference the
+forward compiled ahead of time and an AOTInductor package where torch.export succeeds) and each
+route is started in its own fresh process with an empty compile cache: cold compile, compile
+cache, precompiled forward, AOTInductor. Judged against the goals:
 
 - inference: the first fast output within 5 s;
 - training: the first step at most 40% of the cold first call;

@@ -33,7 +33,8 @@ def _run_dir(path: Path, best: str | None = "inductor", passed: bool = True) -> 
 
 @pytest.fixture(scope="module")
 def shipped(tmp_path_factory) -> tuple[Path, Path]:
-    """One ship of the MLP, every route (cold, compile cache, AOTInductor) measured."""
+    """One ship of the MLP, every route (cold, compile cache, precompiled forward, AOTInductor)
+    measured."""
     run = _run_dir(tmp_path_factory.mktemp("ship") / "run")
     assert main(["ship", str(run)]) == 0
     return run, run / "ship"
@@ -59,7 +60,8 @@ def test_ship_writes_the_module_the_manifest_and_the_artifacts(shipped):
         assert field in m["environment"]
     assert set(m["model_hash"]) == {"params", "code"}
     assert m["shapes"] == [[[4, 16]]]
-    assert {"cache", "kernels", "aoti"} <= set(m["artifacts"])
+    assert {"cache", "kernels", "precompiled", "aoti"} <= set(m["artifacts"])
+    assert m["artifacts"]["precompiled"]["functions"] == 1 and m["precompile"] is None
     for entry in m["artifacts"].values():
         assert len(entry["sha256"]) == 64 and (ship_dir / entry["file"]).stat().st_size
     text = (ship_dir / "pick.py").read_text()
@@ -70,14 +72,17 @@ def test_ship_writes_the_module_the_manifest_and_the_artifacts(shipped):
 
 def test_each_route_in_a_fresh_process_gives_the_compiled_models_outputs(shipped):
     routes = _manifest(shipped[1])["routes"]
-    assert set(routes) == {"cold", "cache", "aoti"}
+    assert set(routes) == {"cold", "cache", "precompiled", "aoti"}
     for name, r in routes.items():
         assert r["ok"], r
         assert r["route"] == name
         assert r["steady_ms"]["median"] > 0 and r["first_call_s"] > 0
-    for name in ("cache", "aoti"):
+    for name in ("cache", "precompiled", "aoti"):
         assert routes[name]["matches_cold"], routes[name]
         assert routes[name]["max_abs_diff"] <= 1e-4
+    # The compile cache still traces the model with Dynamo; the precompiled forward does not.
+    assert routes["cold"]["dynamo_frames"] >= 1 and routes["cache"]["dynamo_frames"] >= 1
+    assert routes["precompiled"]["dynamo_frames"] == 0
 
 
 def test_the_cache_loaded_first_call_beats_a_cold_compile(shipped, tmp_path):
@@ -147,7 +152,71 @@ def test_a_fitting_directory_loads_its_fastest_measured_route_and_says_so(shippe
     out = torchkiln.load(shipped[1], _model(), route="cache")
     assert out.kiln_route == "cache" and "fits" in out.kiln_reason
     default = _manifest(shipped[1])["route_order"]
-    assert default and set(default) <= {"aoti", "cache"}
+    assert default and set(default) <= {"aoti", "precompiled", "cache"}
+
+
+def test_the_precompiled_forward_serves_its_shape_and_compiles_a_new_one_cold(shipped):
+    import torch
+
+    import torchkiln
+
+    model = _model()
+    out = torchkiln.load(shipped[1], model, route="precompiled")
+    assert out.kiln_route == "precompiled"
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        want = model(x)
+    assert torch.allclose(out(x), want, atol=1e-5)
+    assert out._run.fallback_calls == 0
+    # Weights are read from the module at each call, not baked in at build.
+    with torch.no_grad():
+        model.fc1.weight.mul_(0.5)
+        want = model(x)
+    assert torch.allclose(out(x), want, atol=1e-5)
+    # A batch the ship never saw: no function's guards accept it, so it is compiled cold.
+    y = torch.randn(6, 16)
+    with torch.no_grad():
+        want = model(y)
+    assert torch.allclose(out(y), want, atol=1e-5)
+    assert out._run.fallback_calls == 1
+
+
+def test_the_precompiled_forward_loads_for_the_same_class_imported_under_another_name(
+    shipped, tmp_path
+):
+    """Production imports the model's class from its own module, not from the workload file kiln
+    loaded: the same source under another module name still takes the precompiled route."""
+    import torch
+
+    import torchkiln
+    from torchkiln.runner.protocol.settings import seed_everything
+    from torchkiln.workloads import load_workload
+
+    elsewhere = tmp_path / "models_v1.py"
+    shutil.copy(Path(MLP.split(":")[0]), elsewhere)
+    seed_everything(0)
+    model = load_workload(f"{elsewhere}:mlp", preset="tiny", step="infer").model
+    assert type(model).__module__ != _manifest(shipped[1])["model_module"]
+    out = torchkiln.load(shipped[1], model, route="precompiled")
+    assert out.kiln_route == "precompiled", out.kiln_reason
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        assert torch.allclose(out(x), model(x), atol=1e-5)
+    assert out._run.fallback_calls == 0
+
+
+def test_a_route_that_fails_to_load_warns_and_the_next_one_serves(shipped, monkeypatch):
+    import torchkiln
+    from torchkiln.ship import ShipFallbackWarning, precompiled
+
+    def broken(*args, **kwargs):
+        raise ModuleNotFoundError("No module named 'models_v1'")
+
+    monkeypatch.setattr(precompiled, "load", broken)
+    ship_dir = shipped[1]
+    with pytest.warns(ShipFallbackWarning, match="precompiled route failed to load"):
+        out = torchkiln.load(ship_dir, _model(), route="precompiled")
+    assert out.kiln_route == "cold" and "models_v1" in out.kiln_reason
 
 
 def test_ship_check_exit_codes(shipped, tmp_path, capsys):
@@ -221,7 +290,7 @@ def test_the_shipped_section_renders_each_route(shipped):
     m = _manifest(shipped[1])
     lines = markdown_section(summary(m, shipped[1]))
     assert lines[1] == "## Shipped"
-    assert sum(line.startswith("| ") and "= cold" in line for line in lines) == 3
+    assert sum(line.startswith("| ") and "= cold" in line for line in lines) == 4
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert markdown_section(None) == []

@@ -64,6 +64,26 @@ def test_user_file_spec_returning_a_tuple():
     assert w.step == "infer"
 
 
+def test_a_user_files_module_has_the_same_name_in_every_process():
+    """Compiled artifacts name the model's module; another process must import it by that name
+    (Python's str hash differs per process, so a name built from it would not)."""
+    import subprocess
+    import sys
+
+    code = (
+        "from torchkiln.workloads import load_workload;"
+        f"print(type(load_workload({f'{FIXTURES}:aborts'!r}).model).__module__)"
+    )
+    names = {
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        for _ in range(2)
+    }
+    here = type(load_workload(f"{FIXTURES}:aborts").model).__module__
+    assert names == {here} and here.startswith("kiln_user_")
+
+
 def test_user_module_spec():
     w = load_workload("torchkiln.workloads.zoo:simple", preset="tiny")
     assert w.example_inputs[0].shape[0] == 4

@@ -4,7 +4,8 @@ ship DIR/
   __init__.py, pick.py   apply(model) -> the compiled model (the variant registry applies it)
   manifest.json          environment, spec, shapes, model hash, artifacts with sha256,
                          each route's first call and steady step, measured
-  artifacts/             compile-cache.bin (Mega-Cache), inductor-kernels.tar, model.pt2
+  artifacts/             compile-cache.bin (Mega-Cache), inductor-kernels.tar,
+                         precompiled.tar (the forward compiled ahead of time), model.pt2
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from typing import Any
 
 from torchkiln import __version__
 from torchkiln.errors import KilnUserError
+from torchkiln.ship.load import ARTIFACT_ROUTES
 from torchkiln.ship.manifest import describe_artifact, write_manifest
 from torchkiln.variants import parse_variant
 
-PACKAGES = ("auto", "cache", "aoti")
+PACKAGES = ("auto", "cache", "precompiled", "aoti")
 BUILD_TIMEOUT_S = 1800.0
 PROBE_TIMEOUT_S = 900.0
 STEADY_SLACK = 0.02  # a route whose steady step is more than 2% slower than cold's goes last
@@ -162,7 +164,7 @@ def _order(routes: dict[str, dict[str, Any]]) -> list[str]:
     cold = routes.get("cold") or {}
     cold_ms = (cold.get("steady_ms") or {}).get("median")
     good, slow = [], []
-    for name in ("aoti", "cache"):
+    for name in ARTIFACT_ROUTES:
         r = routes.get(name)
         if not r or not r.get("ok") or r.get("route") != name or not r.get("matches_cold", True):
             continue
@@ -224,12 +226,15 @@ def ship_workload(
     built = _spawn("torchkiln.ship.build", job, work / "build", BUILD_TIMEOUT_S)
     if not built.get("ok"):
         raise KilnUserError(f"building the ship directory failed: {built.get('error')}")
-    if package == "aoti" and "aoti" not in built["artifacts"]:
-        why = built.get("export") or {}
-        raise KilnUserError(
-            f"--package aoti: no AOTInductor package: {why.get('reason')}; remedy: "
-            f"{why.get('remedy')}"
-        )
+    for only, diagnosis, what in (
+        ("aoti", "export", "no AOTInductor package"),
+        ("precompiled", "precompile", "no precompiled function"),
+    ):
+        if package == only and only not in built["artifacts"]:
+            why = built.get(diagnosis) or {}
+            raise KilnUserError(
+                f"--package {only}: {what}: {why.get('reason')}; remedy: {why.get('remedy')}"
+            )
     artifacts = {
         name: describe_artifact(to, a.pop("file"), **a) for name, a in built["artifacts"].items()
     }
@@ -247,16 +252,18 @@ def ship_workload(
         "source": source,
         "environment": built["environment"],
         "model_hash": built["model_hash"],
+        "model_module": built.get("model_module"),
         "shapes": built["shapes"],
         "artifacts": artifacts,
         "export": built.get("export"),
         "build_phases_s": built.get("phases"),
-        "route_order": [r for r in ("aoti", "cache") if r in artifacts],
+        "precompile": built.get("precompile"),
+        "route_order": [r for r in ARTIFACT_ROUTES if r in artifacts],
         "routes": None,
     }
     write_manifest(to, doc)
     if measure:
-        serving = [r for r in ("aoti", "cache") if r in artifacts]
+        serving = [r for r in ARTIFACT_ROUTES if r in artifacts]
         precision = parse_variant(spec).precision
         doc["routes"] = measure_routes(to, work / "routes", serving, probe_timeout_s, precision)
         doc["route_order"] = _order(doc["routes"])

@@ -5,7 +5,8 @@ warms it on every shape it serves, and saves what the compiler made: Mega-Cache 
 (`torch.compiler.save_cache_artifacts`), the kernels Inductor compiled (the C++ or Triton
 binaries its cache entries point to: on the CPU, Mega-Cache alone left 44 s of a 48 s first
 call, a tiny MLP on 2 shared cores, torch 2.14.1; with the kernels too, 11 s), and, for
-inference where torch.export succeeds, an AOTInductor package."""
+inference, the forward compiled ahead of time (`torch.compile(...).aot_compile`) and, where
+torch.export succeeds, an AOTInductor package."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from typing import Any
 CACHE_FILE = "artifacts/compile-cache.bin"
 KERNELS_FILE = "artifacts/inductor-kernels.tar"
 AOTI_FILE = "artifacts/model.pt2"
+PRECOMPILED_FILE = "artifacts/precompiled.tar"
 MAX_SHAPES = 8  # distinct input shapes taken from a workload's stream
 # Left out of the kernels archive: graph-level entries Mega-Cache carries already, and locks.
 NOT_KERNELS = {"fxgraph", "aotautograd", "locks", "pgo"}
@@ -110,6 +112,7 @@ def build(job: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "environment": environment(device),
         "model_hash": hashes,
+        "model_module": type(model).__module__,
         "shapes": [shapes_of(b) for b in inputs],
         "artifacts": {},
         "export": None,
@@ -134,6 +137,25 @@ def build(job: dict[str, Any]) -> dict[str, Any]:
         else:
             (to / CACHE_FILE).write_bytes(saved[0])
             out["artifacts"]["cache"] = {"file": CACHE_FILE}
+    if package in ("auto", "precompiled"):
+        if step != "infer":
+            out["precompile"] = {
+                "reason": "the ahead-of-time compiled function serves inference; a training "
+                "step's backward is compiled on its first call",
+                "remedy": "the compile-cache route serves training",
+                "error": "",
+            }
+        else:
+            from torchkiln.ship import precompiled
+
+            t = time.perf_counter()
+            got = precompiled.build(model, inputs, job["spec"], device, to / PRECOMPILED_FILE)
+            phases["precompile_s"] = time.perf_counter() - t
+            if "functions" in got:
+                out["artifacts"]["precompiled"] = {"file": PRECOMPILED_FILE, **got}
+                out["precompile"] = None
+            else:
+                out["precompile"] = got
     if package in ("auto", "aoti"):
         if step != "infer":
             out["export"] = {

@@ -18,8 +18,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--package",
         choices=PACKAGES,
         default="auto",
-        help="auto: the compile cache, plus an AOTInductor package for inference where "
-        "torch.export succeeds; cache or aoti: that one only",
+        help="auto: the compile cache, plus for inference the forward compiled ahead of time "
+        "and an AOTInductor package where torch.export succeeds; cache, precompiled or aoti: "
+        "that one only",
     )
     p.add_argument(
         "--no-measure", action="store_true", help="skip measuring the routes in fresh processes"
@@ -44,8 +45,9 @@ def run(args: argparse.Namespace) -> int:
     m = ship(args.dir, to=args.to, package=args.package, measure=not args.no_measure)
     to = args.to or f"{args.dir}/ship"
     print(f"shipped {m['spec']} to {to} (artifacts: {', '.join(m['artifacts']) or 'none'})")
-    if m.get("export"):
-        print(f"  no AOTInductor package: {m['export']['reason']}; remedy: {m['export']['remedy']}")
+    for key, what in (("export", "AOTInductor package"), ("precompile", "precompiled forward")):
+        if m.get(key):
+            print(f"  no {what}: {m[key]['reason']}; remedy: {m[key]['remedy']}")
     for name, r in (m.get("routes") or {}).items():
         if r.get("ok"):
             print(

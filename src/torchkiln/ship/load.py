@@ -1,5 +1,6 @@
 """`torchkiln.load(DIR, model)`: the shipped pick in a production process, through the fastest
-route that fits: the AOTInductor package, else the compile cache, else a cold compile.
+route that fits, in the order `kiln ship` measured: the AOTInductor package, the precompiled
+forward or the compile cache, else a cold compile.
 
 Which route and why is logged, and kept on the returned object (`kiln_route`, `kiln_reason`).
 A manifest that does not fit (other torch, GPU, model) is a warning and a cold compile: the
@@ -16,6 +17,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from torchkiln.errors import KilnUserError
 from torchkiln.ship.manifest import (
     environment,
     mismatches,
@@ -25,7 +27,8 @@ from torchkiln.ship.manifest import (
 )
 
 log = logging.getLogger("torchkiln.ship")
-ROUTES = ("aoti", "cache", "cold")
+ROUTES = ("aoti", "precompiled", "cache", "cold")
+ARTIFACT_ROUTES = ROUTES[:-1]
 
 
 class ShipFallbackWarning(UserWarning):
@@ -106,20 +109,34 @@ def _extract_kernels(path: Path) -> None:
 
 
 def _load_cache(ship_dir: Path, doc: dict[str, Any], model: Any) -> Any:
-    import torch
-
     from torchkiln.tune.recommend import apply
 
-    arts = doc["artifacts"]
-    blob = verify_artifact(ship_dir, arts["cache"]).read_bytes()
-    kernels = verify_artifact(ship_dir, arts["kernels"]) if "kernels" in arts else None
-    torch.compiler.load_cache_artifacts(blob)
-    if kernels is not None:
-        _extract_kernels(kernels)
+    _prime_caches(ship_dir, doc["artifacts"])
     return apply(model, doc["spec"], doc["device"])
 
 
-def _load_aoti(ship_dir: Path, doc: dict[str, Any]) -> Any:
+def _prime_caches(ship_dir: Path, arts: dict[str, Any]) -> None:
+    """Mega-Cache's entries and Inductor's kernels into this process's caches."""
+    import torch
+
+    if "cache" in arts and hasattr(torch.compiler, "load_cache_artifacts"):
+        torch.compiler.load_cache_artifacts(verify_artifact(ship_dir, arts["cache"]).read_bytes())
+    if "kernels" in arts:
+        _extract_kernels(verify_artifact(ship_dir, arts["kernels"]))
+
+
+def _load_precompiled(ship_dir: Path, doc: dict[str, Any], model: Any) -> Any:
+    from torchkiln.ship import precompiled
+
+    arts = doc["artifacts"]
+    path = verify_artifact(ship_dir, arts["precompiled"])
+    # The functions hold Inductor's code; its compiled binaries (C++ or Triton) come from the
+    # caches, without which the first call builds them again.
+    _prime_caches(ship_dir, arts)
+    return precompiled.load(path, model, doc["spec"], doc.get("model_module"))
+
+
+def _load_aoti(ship_dir: Path, doc: dict[str, Any], model: Any) -> Any:
     import torch
 
     arts = doc["artifacts"]
@@ -149,7 +166,7 @@ def load(ship_dir: str | Path, model: Any, *, route: str | None = None) -> Shipp
     t0 = time.perf_counter()
     problems = _fit(doc, model) if route != "cold" else []
     arts = doc.get("artifacts") or {}
-    order = [route] if route else [*doc.get("route_order", ["aoti", "cache"]), "cold"]
+    order = [route] if route else [*doc.get("route_order", ARTIFACT_ROUTES), "cold"]
     notes: list[str] = []
     chosen: tuple[str, Any, str] | None = None
     for r in order:
@@ -168,10 +185,27 @@ def load(ship_dir: str | Path, model: Any, *, route: str | None = None) -> Shipp
             notes.append(f"torch {torch.__version__} cannot load a compile-cache artifact")
             continue
         if r not in arts:
-            why = (doc.get("export") or {}).get("reason") if r == "aoti" else None
+            diagnosis = {"aoti": "export", "precompiled": "precompile"}.get(r)
+            why = (doc.get(diagnosis) or {}).get("reason") if diagnosis else None
             notes.append(f"no {r} artifact" + (f" ({why})" if why else ""))
             continue
-        run = _load_aoti(ship_dir, doc) if r == "aoti" else _load_cache(ship_dir, doc, model)
+        if r == "precompiled" and not hasattr(torch.compiler, "load_compiled_function"):
+            notes.append(f"torch {torch.__version__} cannot load a precompiled function")
+            continue
+        loader = {"aoti": _load_aoti, "precompiled": _load_precompiled, "cache": _load_cache}[r]
+        try:
+            run = loader(ship_dir, doc, model)
+        except KilnUserError:
+            raise  # an altered artifact is refused, never worked around
+        except Exception as exc:  # noqa: BLE001  (the next route serves; the reason is kept)
+            msg = f"{type(exc).__name__}: {str(exc)[:300]}"
+            warnings.warn(
+                f"kiln ship {ship_dir}: the {r} route failed to load ({msg}); trying the next",
+                ShipFallbackWarning,
+                stacklevel=2,
+            )
+            notes.append(f"the {r} route failed to load ({msg})")
+            continue
         chosen = (r, run, f"the {r} artifact fits this environment and model")
         break
     if chosen is None:

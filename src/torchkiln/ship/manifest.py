@@ -99,8 +99,8 @@ def model_hash(model: Any) -> dict[str, str]:
             text = inspect.getsource(cls)
         except (OSError, TypeError):
             text = ""  # a class defined in a REPL: its name alone is hashed
-        # The qualified name, not the module: a workload file is imported under a name that
-        # differs per process (loader.py), its classes the same.
+        # The qualified name, not the module: a workload file is imported under a name made
+        # from its path (loader.py), and production imports the same classes by its own name.
         code.update(f"{cls.__qualname__}\n{text}".encode())
     return {"params": params.hexdigest(), "code": code.hexdigest()}
 

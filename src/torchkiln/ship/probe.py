@@ -4,7 +4,8 @@ A fresh process with an empty compile cache builds the workload's model, calls
 `torchkiln.load(DIR, model, route=...)`, and times the load, the first call, each of the next
 calls (under CUDA graphs the graph is recorded on a later call, so the first fast output can
 come after the first call), and the steady step with kiln's StepTimer. Where Dynamo keeps them,
-the seconds of each compile phase are kept too, to say where a slow first call goes."""
+the seconds of each compile phase are kept too, to say where a slow first call goes, and the
+number of frames Dynamo traced."""
 
 from __future__ import annotations
 
@@ -33,6 +34,13 @@ def _compile_phases() -> dict[str, float]:
         return {str(k): round(float(v), 4) for k, v in spent().items()}
     except (TypeError, ValueError, AttributeError) as exc:
         return {"unavailable": str(exc)}
+
+
+def _dynamo_frames() -> int:
+    """Frames Dynamo traced in this process (none, where a precompiled function served)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["frames"]["ok"])
 
 
 def measure(job: dict[str, Any]) -> dict[str, Any]:
@@ -90,6 +98,7 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
         "early_calls_ms": early,
         "steady_ms": {"median": steady, "samples": samples, "steps_per_rep": steps},
         "compile_phases_s": phases,
+        "dynamo_frames": _dynamo_frames(),
     }
 
 

@@ -6,7 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-LABELS = {"cold": "cold compile", "cache": "compile cache", "aoti": "AOTInductor package"}
+LABELS = {
+    "cold": "cold compile",
+    "cache": "compile cache",
+    "precompiled": "precompiled forward",
+    "aoti": "AOTInductor package",
+}
 
 
 def summary(manifest: dict[str, Any], ship_dir: str | Path) -> dict[str, Any]:
@@ -29,6 +34,7 @@ def summary(manifest: dict[str, Any], ship_dir: str | Path) -> dict[str, Any]:
         "spec": manifest["spec"],
         "route_order": manifest.get("route_order"),
         "export": manifest.get("export"),
+        "precompile": manifest.get("precompile"),
         "routes": routes,
     }
 
@@ -59,7 +65,8 @@ def markdown_section(ship: dict[str, Any] | None) -> list[str]:
             f"| {LABELS.get(name, name)} | {r['load_s']:.2f} s | {r['first_call_s']:.2f} s | "
             f"{r['first_fast_s']:.2f} s | {r['steady_ms']:.3f} ms | {same} |"
         )
-    exp = ship.get("export")
-    if exp:
-        out += ["", f"No AOTInductor package: {exp['reason']}. Remedy: {exp['remedy']}."]
+    for key, what in (("export", "AOTInductor package"), ("precompile", "precompiled forward")):
+        why = ship.get(key)
+        if why:
+            out += ["", f"No {what}: {why['reason']}. Remedy: {why['remedy']}."]
     return out

@@ -27,6 +27,10 @@ class VariantSpecError(KilnUserError):
     pass
 
 
+class PrecompileUnsupported(RuntimeError):
+    """An ahead-of-time compile is not possible here; the message says why in plain words."""
+
+
 @dataclass(frozen=True)
 class Backend:
     """Base class of a backend. Subclasses are frozen dataclasses whose fields are the spec's
@@ -76,6 +80,13 @@ class Backend:
         """The torch.compile arguments that reproduce this backend (explain compiles with them
         when the backend records CUDA graphs)."""
         return {}
+
+    def precompile(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The module's forward compiled ahead of time on these inputs, as an object with
+        ``save_compiled_function(path)`` (torch's AOT-compiled function, called as
+        ``fn(module, *args, **kwargs)``). Raises PrecompileUnsupported with the reason where the
+        backend or this torch cannot."""
+        raise PrecompileUnsupported(f"the {self.name} backend has no ahead-of-time compile")
 
     @property
     def arm_builder(self) -> Callable[..., Any] | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import sys
@@ -24,7 +25,10 @@ def _import_factory(spec: str):
         path = Path(target)
         if not path.is_file():
             raise WorkloadSpecError(f"workload file {str(path)!r} does not exist")
-        mod_name = f"kiln_user_{abs(hash(str(path.resolve())))}"
+        # Named by a digest of the path, the same in every process: a compiled artifact that
+        # names the module (a precompiled forward's guards and code) loads in another process.
+        digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:16]
+        mod_name = f"kiln_user_{digest}"
         module_spec = importlib.util.spec_from_file_location(mod_name, path)
         if module_spec is None or module_spec.loader is None:
             raise WorkloadSpecError(f"cannot import {str(path)!r} as a Python file")

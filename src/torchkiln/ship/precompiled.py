@@ -1,0 +1,161 @@
+"""The precompiled route: the pick's forward compiled ahead of time (`torch.compile(...)
+.aot_compile`), saved whole (Dynamo's guards and bytecode, AOT autograd's wrappers, Inductor's
+code) and loaded with `torch.compiler.load_compiled_function`, so that a production process
+skips Dynamo's tracing and AOT autograd, which a compile cache cannot skip.
+
+One compiled function per guard set: the first served shape is compiled, and each further one
+only when no function compiled so far accepts it (under ``dynamic=true`` one may serve all). A
+call that no function accepts (a shape the ship did not see) is compiled cold, once per new
+guard failure, as torch.compile would."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import io
+import logging
+import sys
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("torchkiln.ship")
+
+
+def _args(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    return ((), dict(inputs)) if isinstance(inputs, dict) else (tuple(inputs), {})
+
+
+def build(model: Any, inputs: list[Any], spec: str, device: str, path: Path) -> dict[str, Any]:
+    """Compile ``model``'s forward for ``inputs`` (each a tuple of args or a dict of kwargs) under
+    the pick's precision and layout, and write the functions to ``path``. Returns
+    {"functions": n} or {"reason", "remedy", "error"} when it cannot."""
+    import torch
+
+    from torchkiln.runner.protocol.settings import autocast, map_tensors, precision_flags
+    from torchkiln.ship.load import to_layout
+    from torchkiln.variants import parse_variant
+    from torchkiln.variants.base import PrecompileUnsupported
+
+    v = parse_variant(spec)
+    if v.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    fns: list[Any] = []
+    try:
+        with torch.no_grad(), precision_flags(v.precision), autocast(device, v.precision):
+            for batch in inputs:
+                args, kwargs = _args(map_tensors(batch, lambda x: to_layout(x, v.channels_last)))
+                if any(_accepts(f, model, args, kwargs) for f in fns):
+                    continue
+                fns.append(v.backend.precompile(model, args, kwargs))
+        blobs = []
+        for i, f in enumerate(fns):
+            tmp = path.with_name(f"{path.name}.fn{i}")
+            f.save_compiled_function(str(tmp))
+            blobs.append(tmp.read_bytes())
+            tmp.unlink()
+    except PrecompileUnsupported as exc:
+        return {
+            "reason": str(exc),
+            "remedy": "the compile-cache route serves the pick",
+            "error": "",
+        }
+    except Exception as exc:  # noqa: BLE001  (a failed precompile is reported, not fatal)
+        from torchkiln.ship.export import diagnose
+
+        why = diagnose(exc)
+        if why["reason"] == "torch.export could not capture the model":
+            why["reason"] = "torch.compile's ahead-of-time compile failed"
+            why["remedy"] = "see the error; the compile-cache route serves the pick"
+        return why
+    with tarfile.open(path, "w") as tar:
+        for i, blob in enumerate(blobs):
+            info = tarfile.TarInfo(f"fn{i}.bin")
+            info.size = len(blob)
+            tar.addfile(info, io.BytesIO(blob))
+    return {"functions": len(blobs)}
+
+
+def _accepts(f: Any, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether the compiled function's guards accept this call."""
+    check = getattr(f, "guard_check", None)
+    if check is None:
+        raise RuntimeError("this torch's compiled functions cannot check their guards")
+    return bool(check(model, *args, **kwargs))
+
+
+class Precompiled:
+    """Calls the first loaded function whose guards accept the call; otherwise a cold compile of
+    the same variant, made on first need (``fallback_calls`` counts the calls it served)."""
+
+    def __init__(self, model: Any, fns: list[Any], cold: Any) -> None:
+        self.model = model
+        self.fns = fns
+        self._cold_factory = cold
+        self._cold: Any = None
+        self.fallback_calls = 0
+        for f in fns:
+            if hasattr(f, "disable_guard_check"):
+                # Checked here once per call, not again inside the function.
+                f.disable_guard_check()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        for f in self.fns:
+            if _accepts(f, self.model, args, kwargs):
+                return f(self.model, *args, **kwargs)
+        if self._cold is None:
+            log.warning(
+                "kiln ship: no precompiled function accepts this call (a shape or setting the "
+                "ship was not built on); compiling it as torch.compile would"
+            )
+            self._cold = self._cold_factory()
+        self.fallback_calls += 1
+        return self._cold(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _module_named(name: str | None, here: str) -> Iterator[None]:
+    """While the functions are read, ``name`` refers to the module ``here``: the classes they
+    name resolve to this process's (unpickling resolves them by module name, once)."""
+    if not name or name == here:
+        yield
+        return
+    before = sys.modules.get(name)
+    sys.modules[name] = sys.modules[here]
+    try:
+        yield
+    finally:
+        if before is None:
+            del sys.modules[name]
+        else:
+            sys.modules[name] = before
+
+
+def load(path: Path, model: Any, spec: str, built_module: str | None = None) -> Precompiled:
+    """The functions in ``path`` (already checked against the manifest's sha256), bound to
+    ``model``. ``built_module``: the name the model's class had where the functions were built.
+    The functions name it (their guards check the model's type); where this process imports the
+    same class under another name, that name refers to this process's module while they are
+    read (the manifest's model hash has already matched the classes' source)."""
+    import torch
+
+    from torchkiln.variants import parse_variant
+
+    v = parse_variant(spec)
+    if v.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    loader = torch.compiler.load_compiled_function
+    kw: dict[str, Any] = {}
+    if "f_globals" in inspect.signature(loader).parameters:
+        # The globals of the module that defines forward, as torch's loader asks for the
+        # guards and code that read them.
+        mod = sys.modules.get(type(model).forward.__module__)
+        if mod is not None:
+            kw["f_globals"] = vars(mod)
+    with tarfile.open(path) as tar, _module_named(built_module, type(model).__module__):
+        names = sorted((m for m in tar.getmembers() if m.isfile()), key=lambda m: int(m.name[2:-4]))
+        fns = [loader(io.BytesIO(tar.extractfile(m).read()), **kw) for m in names]
+    if not fns:
+        raise RuntimeError(f"{path}: holds no compiled function")
+    return Precompiled(model, fns, lambda: v.backend.wrap(model, compile_scope="model"))
