@@ -152,6 +152,7 @@ def run_case(name: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
         "wall_s": round(time.monotonic() - t0, 1),
         "route_order": m["route_order"],
         "export": m.get("export"),
+        "precompile": m.get("precompile"),
         "artifact_bytes": {k: v["bytes"] for k, v in m["artifacts"].items()},
         "build_phases_s": m.get("build_phases_s"),
         "routes": {

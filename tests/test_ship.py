@@ -284,6 +284,28 @@ def test_export_failures_are_diagnosed_with_their_remedy():
     assert varying_dims([[[1, 2]]]) == {}
 
 
+def test_precompile_failures_are_diagnosed_with_their_remedy():
+    import torch
+
+    from torchkiln.ship import precompiled
+    from torchkiln.variants import parse_variant
+    from torchkiln.variants.base import PrecompileUnsupported
+
+    # What torch 2.14.1 raises saving a function whose model class is local to a function.
+    local = TypeError(
+        "Type <class 'f.<locals>.Net'> for object Net() cannot be saved into torch.compile() "
+        "package since it's defined in local scope. Please define the class at global scope."
+    )
+    assert precompiled.diagnose(local)["remedy"] == "define the class at module level"
+    other = precompiled.diagnose(RuntimeError("boom"))
+    assert other["reason"] == "torch.compile's ahead-of-time compile failed"
+    assert "compile-cache route" in other["remedy"] and other["error"] == "RuntimeError: boom"
+    model, x = torch.nn.Linear(4, 4), torch.randn(2, 4)
+    for spec, why in (("inductor:scope=regions", "whole-model"), ("eager", "no ahead-of-time")):
+        with pytest.raises(PrecompileUnsupported, match=why):
+            parse_variant(spec).backend.precompile(model, (x,), {})
+
+
 def test_the_shipped_section_renders_each_route(shipped):
     from torchkiln.ship.report import markdown_section, summary
 

@@ -62,19 +62,33 @@ def build(model: Any, inputs: list[Any], spec: str, device: str, path: Path) -> 
             "error": "",
         }
     except Exception as exc:  # noqa: BLE001  (a failed precompile is reported, not fatal)
-        from torchkiln.ship.export import diagnose
-
-        why = diagnose(exc)
-        if why["reason"] == "torch.export could not capture the model":
-            why["reason"] = "torch.compile's ahead-of-time compile failed"
-            why["remedy"] = "see the error; the compile-cache route serves the pick"
-        return why
+        return diagnose(exc)
     with tarfile.open(path, "w") as tar:
         for i, blob in enumerate(blobs):
             info = tarfile.TarInfo(f"fn{i}.bin")
             info.size = len(blob)
             tar.addfile(info, io.BytesIO(blob))
     return {"functions": len(blobs)}
+
+
+def diagnose(exc: BaseException) -> dict[str, str]:
+    """Why the ahead-of-time compile or its saving failed, in plain words, with the remedy."""
+    from torchkiln.ship.export import diagnose as diagnose_export
+
+    text = f"{type(exc).__name__}: {exc}"
+    first = text.strip().splitlines()[0][:300]
+    if "<locals>" in text or "local scope" in text:
+        return {
+            "reason": "the model (or an object its forward reads) is a class defined inside a "
+            "function, which a saved compiled function cannot name in another process",
+            "remedy": "define the class at module level",
+            "error": first,
+        }
+    why = diagnose_export(exc)
+    if why["reason"] == "torch.export could not capture the model":
+        why["reason"] = "torch.compile's ahead-of-time compile failed"
+        why["remedy"] = "see the error; the compile-cache route serves the pick"
+    return why
 
 
 def _accepts(f: Any, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:

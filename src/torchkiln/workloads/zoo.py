@@ -43,35 +43,12 @@ def _image_workload(
     )
 
 
-class SimpleCNN:  # namespace so the nn.Module subclass is built only once torch is imported
-    _cls = None
+class SimpleCNN:  # the nn.Module subclass lives in simple_cnn.py, imported once torch is
+    @staticmethod
+    def build(classes: int = 10):
+        from torchkiln.workloads.simple_cnn import Simple
 
-    @classmethod
-    def build(cls, classes: int = 10):
-        if cls._cls is None:
-            import torch.nn as nn
-
-            class Simple(nn.Module):
-                """conv3x3 3->64, BN, ReLU, conv3x3 64->128, BN, ReLU, global avg-pool, linear."""
-
-                def __init__(self, classes: int) -> None:
-                    super().__init__()
-                    self.features = nn.Sequential(
-                        nn.Conv2d(3, 64, 3, padding=1, bias=False),
-                        nn.BatchNorm2d(64),
-                        nn.ReLU(inplace=True),
-                        nn.Conv2d(64, 128, 3, padding=1, bias=False),
-                        nn.BatchNorm2d(128),
-                        nn.ReLU(inplace=True),
-                        nn.AdaptiveAvgPool2d(1),
-                    )
-                    self.fc = nn.Linear(128, classes)
-
-                def forward(self, x):
-                    return self.fc(self.features(x).flatten(1))
-
-            cls._cls = Simple
-        return cls._cls(classes)
+        return Simple(classes)
 
 
 @register_workload("simple", description="small CNN (2 conv + BN + ReLU, pool, linear), 224x224")
