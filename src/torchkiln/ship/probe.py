@@ -9,12 +9,9 @@ number of frames Dynamo traced."""
 
 from __future__ import annotations
 
-import faulthandler
-import json
 import statistics
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -120,26 +117,9 @@ def _tensors(out: Any) -> list[Any]:
 
 
 def main(argv: list[str]) -> int:
-    job_path, result_path = argv
-    from torchkiln.runner.launch.orphan import exit_with_launcher
-    from torchkiln.runner.protocol.worker import write_json
+    from torchkiln.ship.child import child_main
 
-    exit_with_launcher()
-    # A crash in native code (a segfault in a package load) leaves its Python stack on stderr,
-    # whose tail the parent reports.
-    faulthandler.enable()
-    job = json.loads(Path(job_path).read_text())
-    try:
-        result = {"ok": True, **measure(job)}
-    except Exception as exc:  # noqa: BLE001  (the parent reports it with its reason)
-        result = {
-            "ok": False,
-            "route": job.get("route"),
-            "error": f"{type(exc).__name__}: {exc}",
-            "traceback": traceback.format_exc()[-4000:],
-        }
-    write_json(result_path, result)
-    return 0
+    return child_main(argv, measure, lambda job: {"route": job.get("route")})
 
 
 if __name__ == "__main__":
