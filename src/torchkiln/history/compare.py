@@ -72,19 +72,7 @@ def against_history(
     for m in measurement_rows(doc, kind):
         if m["median_ms"] is None or m["status"] != "ok":
             continue
-        past = [
-            r
-            for r in store.measurements(
-                run["workload"],
-                variant=m["variant"],
-                step=run["step"],
-                device_name=run["device_name"],
-                precision=m["precision"],
-                preset=run["preset"],
-                before=own,
-            )
-            if r["status"] == "ok" and r["median_ms"] is not None
-        ][:n]
+        past = store.earlier_comparable(run, m, own)[:n]
         if past:
             rows.append(verdict(m, past, threshold))
         else:

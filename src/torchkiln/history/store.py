@@ -333,6 +333,26 @@ class Store:
         ]  # fmt: skip
         return [dict(zip(cols, r, strict=True)) for r in self.conn.execute(sql, args)]
 
+    def earlier_comparable(
+        self, run: dict[str, Any], m: dict[str, Any], own: int | None
+    ) -> list[dict[str, Any]]:
+        """The runs before ``own`` that measured ``m`` (a measurement row of ``run``, a run row)
+        comparably: same workload, variant, step, device, precision and preset, status ok with a
+        median; newest first."""
+        return [
+            r
+            for r in self.measurements(
+                run["workload"],
+                variant=m["variant"],
+                step=run["step"],
+                device_name=run["device_name"],
+                precision=m["precision"],
+                preset=run["preset"],
+                before=own,
+            )
+            if r["status"] == "ok" and r["median_ms"] is not None and r["run_id"] != own
+        ]
+
     def count_runs(self) -> int:
         return int(self.conn.execute("SELECT count(*) FROM runs").fetchone()[0])
 

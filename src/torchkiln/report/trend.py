@@ -97,19 +97,7 @@ def series(doc: dict[str, Any], store: Any) -> dict[str, list[dict[str, Any]]]:
     for m in measurement_rows(doc, run["kind"]):
         if m["median_ms"] is None or m["status"] != "ok":
             continue
-        earlier = [
-            r
-            for r in store.measurements(
-                run["workload"],
-                variant=m["variant"],
-                step=run["step"],
-                device_name=run["device_name"],
-                precision=m["precision"],
-                preset=run["preset"],
-                before=own,
-            )
-            if r["status"] == "ok" and r["median_ms"] is not None and r["run_id"] != own
-        ][: MAX_POINTS - 1]
+        earlier = store.earlier_comparable(run, m, own)[: MAX_POINTS - 1]
         if earlier:
             this = {**{k: run[k] for k in ("created", *ENV_KEYS)}, **m, "run_id": own}
             out[m["variant"]] = [*reversed(earlier), this]
