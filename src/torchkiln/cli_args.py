@@ -6,50 +6,39 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
+
+
+def _number(text: str, kind: type, what: str, ok: Callable[[float], bool]) -> Any:
+    """``text`` as ``kind`` when ``ok`` holds for it; otherwise argparse's error, "must be
+    ``what``"."""
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"must be {what}, got {value if kind is int else text}")
+    return value
 
 
 def positive_int(text: str) -> int:
     """1 or more (batch sizes, reps, steps, counts)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
+    return _number(text, int, "a positive integer", lambda v: v >= 1)
 
 
 def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value}")
-    return value
+    return _number(text, int, "an integer >= 0", lambda v: v >= 0)
 
 
 def positive_float(text: str) -> float:
     """More than 0 (seconds, milliseconds); nan and inf are refused too."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
+    return _number(text, float, "a positive number", lambda v: 0 < v < float("inf"))
 
 
 def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
-    return value
+    return _number(text, float, "a number >= 0", lambda v: 0 <= v < float("inf"))
 
 
 def budget_arg(text: str) -> str:
