@@ -191,7 +191,7 @@ def aa_check(out: Path, args) -> dict:
         # excluded 1.00 in 5 of 7 runs (docs/decisions.md). With K replicas the interval is a t
         # interval over K instance pairs; 40 reps each keep the timed work near 120 reps'.
         spec_overrides={
-            "reps": 120 if args.aa_replicas == 1 else 40,
+            "reps": args.aa_reps or (120 if args.aa_replicas == 1 else 40),
             "replicas": args.aa_replicas,
             "check_accuracy": False,
         },
@@ -280,6 +280,12 @@ def main() -> int:
         type=int,
         default=6,
         help="instances of each arm in the A/A (1: one instance per arm, the earlier design)",
+    )
+    p.add_argument(
+        "--aa-reps",
+        type=int,
+        default=None,
+        help="timed reps of each A/A arm instance (default: 120 with one replica, else 40)",
     )
     p.add_argument(
         "--checks-only",
