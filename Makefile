@@ -17,8 +17,12 @@ $(VENV)/.installed: pyproject.toml Makefile
 
 install: $(VENV)/.installed
 
+# Two workers, each test file whole on one (its module fixtures shared): most of the suite's
+# time is end-to-end tunes and benches that wait on their trial processes, so two workers on
+# CI's 2 cores took 17 min where one took 28-34 (TEST_WORKERS=0: one process, no xdist).
+TEST_WORKERS ?= 2
 test: install
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 lint: install
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -175,7 +175,9 @@ def test_tune_on_a_stream_picks_the_fastest_correct_candidate(tiny, tmp_path):
     assert sel["best"] == min(sel["total_s"], key=sel["total_s"].get)
     assert sel["ranking"][0] == sel["best"]
     static = trials.get("inductor:dynamic=false+recompile_limit=64")
-    if static and static["stream"]["compiles"] is not None:
+    # Planned last, the raised limit may be stopped or skipped by the budget on a busy host
+    # (test_stream.py counts a static replay's compiles on its own).
+    if static and static["status"] == "ok" and static["stream"]["compiles"] is not None:
         # one graph per distinct shape, from dynamo's own counters
         assert static["stream"]["compiles"] == static["stream"]["distinct_shapes"] == 3
     assert doc["recommendation"]["variant"] == sel["best"]

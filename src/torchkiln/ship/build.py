@@ -163,7 +163,7 @@ def build(job: dict[str, Any]) -> dict[str, Any]:
         else:
             t = time.perf_counter()
             from torchkiln.runner.protocol.settings import autocast, map_tensors
-            from torchkiln.ship.load import to_layout
+            from torchkiln.ship.layout import to_layout
             from torchkiln.variants import parse_variant
 
             v = parse_variant(job["spec"])

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkiln.errors import KilnUserError
+from torchkiln.ship.layout import to_layout
 from torchkiln.ship.manifest import (
     environment,
     mismatches,
@@ -33,15 +34,6 @@ ARTIFACT_ROUTES = ROUTES[:-1]
 
 class ShipFallbackWarning(UserWarning):
     """The shipped artifacts do not fit this process; the model is compiled cold instead."""
-
-
-def to_layout(x: Any, channels_last: bool) -> Any:
-    """4-D float inputs in channels_last when the pick is, as the tune measured them."""
-    import torch
-
-    if channels_last and isinstance(x, torch.Tensor) and x.dim() == 4 and x.is_floating_point():
-        return x.contiguous(memory_format=torch.channels_last)
-    return x
 
 
 class Shipped:

@@ -34,7 +34,7 @@ def build(model: Any, inputs: list[Any], spec: str, device: str, path: Path) -> 
     import torch
 
     from torchkiln.runner.protocol.settings import autocast, map_tensors, precision_flags
-    from torchkiln.ship.load import to_layout
+    from torchkiln.ship.layout import to_layout
     from torchkiln.variants import parse_variant
     from torchkiln.variants.base import PrecompileUnsupported
 
