@@ -167,7 +167,7 @@ def test_the_precompiled_forward_serves_its_shape_and_compiles_a_new_one_cold(sh
     with torch.no_grad():
         want = model(x)
     assert torch.allclose(out(x), want, atol=1e-5)
-    assert out._run.fallback_calls == 0
+    assert out.kiln_fallback_calls == 0
     # Weights are read from the module at each call, not baked in at build.
     with torch.no_grad():
         model.fc1.weight.mul_(0.5)
@@ -178,7 +178,7 @@ def test_the_precompiled_forward_serves_its_shape_and_compiles_a_new_one_cold(sh
     with torch.no_grad():
         want = model(y)
     assert torch.allclose(out(y), want, atol=1e-5)
-    assert out._run.fallback_calls == 1
+    assert out.kiln_fallback_calls == 1
 
 
 def test_the_precompiled_forward_loads_for_the_same_class_imported_under_another_name(
@@ -202,7 +202,7 @@ def test_the_precompiled_forward_loads_for_the_same_class_imported_under_another
     x = torch.randn(4, 16)
     with torch.no_grad():
         assert torch.allclose(out(x), model(x), atol=1e-5)
-    assert out._run.fallback_calls == 0
+    assert out.kiln_fallback_calls == 0
 
 
 def test_a_route_that_fails_to_load_warns_and_the_next_one_serves(shipped, monkeypatch):

@@ -65,6 +65,12 @@ class Shipped:
         with self._grad(), self._flags(), self._autocast():
             return self._run(*args, **kwargs)
 
+    @property
+    def kiln_fallback_calls(self) -> int:
+        """Calls the precompiled route compiled cold (no saved function's guards accepted
+        them); 0 on the other routes."""
+        return int(getattr(self._run, "fallback_calls", 0))
+
     def __repr__(self) -> str:
         return f"Shipped(spec={self.variant.spec!r}, route={self.kiln_route!r})"
 
