@@ -63,13 +63,7 @@ def test_two_trials_never_time_reps_while_the_other_works(tmp_path):
     a = _start(lock, {"delay": 0.0, "phases": [["first_call", 1.5], ["measure", 0.5]]})
     b = _start(lock, {"delay": 0.5, "phases": [["measure", 0.5], ["correctness", 0.2]]})
     out_a, out_b = (json.loads(p.communicate(timeout=60)[0]) for p in (a, b))
-    spans = [("a", *s) for s in out_a["spans"]] + [("b", *s) for s in out_b["spans"]]
-    for who, name, t0, t1 in spans:
-        if name != "measure":
-            continue
-        for other, other_name, u0, u1 in spans:
-            if other != who:
-                assert t1 <= u0 or u1 <= t0, f"{who}'s reps overlapped {other}'s {other_name}"
+    _never_beside(_spans({"a": out_a, "b": out_b}))
     # B's reps waited for A's compile to end (it asked ~1 s before): the wait is its own phase.
     b_measure = next(s for s in out_b["spans"] if s[0] == "measure")
     a_compile = next(s for s in out_a["spans"] if s[0] == "first_call")
