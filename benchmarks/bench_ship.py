@@ -138,7 +138,7 @@ def run_case(name: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
             device=args.device,
             preset=args.preset,
             to=root / name,
-            package="auto",
+            package=args.package,
             probe_timeout_s=args.route_timeout,
         )
     except KilnUserError as exc:
@@ -172,6 +172,12 @@ def main(argv: list[str] | None = None) -> int:
         "--cases", default="resnet50,gpt2,gpt2-nocache,bert-train", help=f"of {sorted(CASES)}"
     )
     p.add_argument("--preset", choices=["auto", "full", "tiny"], default="auto")
+    p.add_argument(
+        "--package",
+        choices=["auto", "cache", "precompiled", "aoti"],
+        default="auto",
+        help="the artifacts to build (kiln ship --package); the cold route is always measured",
+    )
     p.add_argument("--out", default=None, help="default benchmarks/results/ship/<gpu>/ship.json")
     p.add_argument(
         "--route-timeout",

@@ -179,6 +179,8 @@ def test_the_precompiled_forward_serves_its_shape_and_compiles_a_new_one_cold(sh
         want = model(y)
     assert torch.allclose(out(y), want, atol=1e-5)
     assert out.kiln_fallback_calls == 1
+    # The guard that turned it away, in Dynamo's words.
+    assert "size mismatch" in out.kiln_fallback_reason and "actual 6" in out.kiln_fallback_reason
 
 
 def test_the_precompiled_forward_loads_for_the_same_class_imported_under_another_name(

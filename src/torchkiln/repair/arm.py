@@ -89,7 +89,11 @@ def disable_helpers(model: Any, names: list[str]) -> int:
         for space in spaces:
             for name in names:
                 fn = space.get(name)
-                if isinstance(fn, types.FunctionType):
+                # Wrapped once: the remedy is applied where the model is built and again where
+                # it is loaded, in the same process.
+                if isinstance(fn, types.FunctionType) and not getattr(
+                    fn, "_torchdynamo_disable", False
+                ):
                     space[name] = torch.compiler.disable(fn)
                     done += 1
     return done

@@ -148,6 +148,7 @@ def shipped(plan: dict[str, Any], spec: str, out: Path) -> dict[str, Any] | None
         "fixes": list(toks),
         "config": {
             "remedies": names,
+            "helpers": helpers if "disable" in names else [],
             "lines": lines,
             "changes": "configuration only: the model's code is unchanged" if names else None,
         },

@@ -22,6 +22,8 @@ from typing import Any
 
 from torchkiln import __version__
 from torchkiln.errors import KilnUserError
+from torchkiln.repair.judge import PATCH_FILE
+from torchkiln.repair.plan import PLAN_FILE
 from torchkiln.ship.load import ARTIFACT_ROUTES
 from torchkiln.ship.manifest import describe_artifact, write_manifest
 from torchkiln.variants import parse_variant
@@ -105,12 +107,9 @@ DEVICE = {device!r}
 
 
 def apply(model):
-    from torchkiln.ship.load import Shipped
-    from torchkiln.ship.manifest import read_manifest
-    from torchkiln.tune.recommend import apply as apply_variant
+    import torchkiln
 
-    doc = read_manifest(Path(__file__).parent)
-    return Shipped(apply_variant(model, SPEC, DEVICE), doc, "cold", "apply(): compiled cold")
+    return torchkiln.load(Path(__file__).parent, model, route="cold")
 
 
 def load(model):
@@ -120,10 +119,18 @@ def load(model):
 '''
 
 
-def _write_module(to: Path, spec: str, step: str, device: str) -> None:
+def _write_module(
+    to: Path, spec: str, step: str, device: str, fixes: dict[str, Any] | None = None
+) -> None:
     from torchkiln.tune.recommend import code
 
-    text = code(spec, step, device).replace('"""', "'''")
+    text = code(spec, step, device)
+    if fixes:
+        text += "\n\n# The pick's remedies for graph breaks, before the first call:\n"
+        text += "\n".join((fixes.get("config") or {}).get("lines") or [])
+        if fixes.get("code"):
+            text += f"\n# and the model's source with {PATCH_FILE} (beside this file) applied"
+    text = text.replace('"""', "'''")
     body = "\n".join("    " + line if line else "" for line in text.splitlines())
     (to / "pick.py").write_text(PICK_MODULE.format(spec=spec, step=step, device=device, code=body))
     (to / "__init__.py").write_text("from .pick import DEVICE, SPEC, STEP, apply, load  # noqa\n")
@@ -210,19 +217,32 @@ def ship_workload(
     seed: int = 0,
     source: dict[str, Any] | None = None,
     probe_timeout_s: float = PROBE_TIMEOUT_S,
+    repair_plan: str | Path | None = None,
 ) -> dict[str, Any]:
     """Build the ship directory ``to`` for ``spec`` on ``workload``; returns its manifest.
     Each route's measuring process is stopped after ``probe_timeout_s`` (its result then says
-    so, and the route is left out of the load order)."""
+    so, and the route is left out of the load order). A pick with remedies for graph breaks
+    (``+fix=``) needs its tune's ``repair_plan`` (RUN_DIR/repair/plan.json): the directory is
+    built on the rewritten copy the pick's trial ran, and holds the patch (fixes.patch) the
+    production model's source must carry."""
     if package not in PACKAGES:
         raise KilnUserError(f"--package {package!r}; choose from {list(PACKAGES)}")
+    plan = _plan_for(spec, repair_plan)
     to = Path(to)
     _writable(to)
     shutil.rmtree(to / "artifacts", ignore_errors=True)
+    (to / PATCH_FILE).unlink(missing_ok=True)
+    fixes = None
+    if plan is not None:
+        from torchkiln.repair.judge import shipped as shipped_remedies
+        from torchkiln.repair.plan import load_plan
+
+        fixes = shipped_remedies(load_plan(plan), spec, to)
     work = Path(tempfile.mkdtemp(prefix="kiln-ship-"))
     t0 = time.monotonic()
     job = dict(workload=workload, preset=preset, batch_size=batch_size, step=step, device=device)
-    job.update(spec=spec, seed=seed, to=str(to), package=package)
+    job.update(spec=spec, seed=seed, to=str(to), package=package, fixes=fixes)
+    job["repair_plan"] = None if plan is None else str(plan)
     built = _spawn("torchkiln.ship.build", job, work / "build", BUILD_TIMEOUT_S)
     if not built.get("ok"):
         raise KilnUserError(f"building the ship directory failed: {built.get('error')}")
@@ -238,7 +258,7 @@ def ship_workload(
     artifacts = {
         name: describe_artifact(to, a.pop("file"), **a) for name, a in built["artifacts"].items()
     }
-    _write_module(to, spec, step, device)
+    _write_module(to, spec, step, device, fixes)
     doc: dict[str, Any] = {
         "kiln": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -250,6 +270,9 @@ def ship_workload(
         "batch_size": batch_size,
         "seed": seed,
         "source": source,
+        "fixes": fixes,
+        # Where the pick's rewritten copy is read from when the routes are measured.
+        "repair_plan": job["repair_plan"],
         "environment": built["environment"],
         "model_hash": built["model_hash"],
         "model_module": built.get("model_module"),
@@ -271,6 +294,19 @@ def ship_workload(
     write_manifest(to, doc)
     shutil.rmtree(work, ignore_errors=True)
     return {"schema": "torchkiln.ship/1", **doc}
+
+
+def _plan_for(spec: str, repair_plan: str | Path | None) -> Path | None:
+    """The repair plan a pick with remedies is built from; None for a pick without."""
+    if not parse_variant(spec).fixes:
+        return None
+    if repair_plan is None or not Path(repair_plan).is_file():
+        where = f" ({repair_plan} is missing)" if repair_plan is not None else ""
+        raise KilnUserError(
+            f"the pick {spec!r} carries remedies for graph breaks: it ships from its tune's run "
+            f"directory, whose repair/plan.json holds them{where}"
+        )
+    return Path(repair_plan)
 
 
 def _pick(doc: dict[str, Any], run_dir: Path) -> str:
@@ -319,6 +355,7 @@ def ship(
         package=package,
         measure=measure,
         source={"run_dir": str(run_dir), "created": doc.get("created")},
+        repair_plan=run_dir / "repair" / PLAN_FILE if parse_variant(spec).fixes else None,
     )
     from torchkiln.report.render import markdown
     from torchkiln.runner.protocol.worker import write_json

@@ -70,6 +70,28 @@ def train_call(shipped: Any, workload: Any, inputs: Any, device: str) -> Any:
     return loss.detach()
 
 
+def workload_for(job: dict[str, Any]) -> Any:
+    """The workload a ship directory is built and measured on, seeded as the tune's trials
+    were: for a pick with remedies for graph breaks (``+fix=``), the tune's rewritten copy
+    (`repair_plan`) with the unmodified model's weights and inputs, as the pick's trial ran it
+    and as production runs it once the patch is applied."""
+    from types import SimpleNamespace
+
+    from torchkiln.repair import arm
+    from torchkiln.runner.protocol.settings import seed_everything
+    from torchkiln.variants import parse_variant
+    from torchkiln.workloads import load_workload
+
+    seed = job.get("seed", 0)
+    kw = {"preset": job["preset"], "batch_size": job.get("batch_size"), "step": job["step"]}
+    seed_everything(seed)
+    spec = SimpleNamespace(extra={arm.PLAN_KEY: job.get("repair_plan")}, seed=seed, **kw)
+    workload, _ = arm.load_for(
+        spec, parse_variant(job["spec"]), lambda: load_workload(job["workload"], **kw)
+    )
+    return workload
+
+
 def _archive_kernels(root: Path, dest: Path) -> bool:
     entries = (
         [p for p in sorted(root.iterdir()) if p.name not in NOT_KERNELS] if root.exists() else []
@@ -85,27 +107,23 @@ def _archive_kernels(root: Path, dest: Path) -> bool:
 def build(job: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from torchkiln.runner.protocol.settings import seed_everything
+    from torchkiln.repair.remedies import Remedies
     from torchkiln.ship import export
     from torchkiln.ship.load import Shipped
     from torchkiln.ship.manifest import environment, model_hash
     from torchkiln.tune.recommend import apply
-    from torchkiln.workloads import load_workload
 
     to, device, step = Path(job["to"]), job["device"], job["step"]
     (to / "artifacts").mkdir(parents=True, exist_ok=True)
     phases: dict[str, float] = {}
     t = time.perf_counter()
-    seed_everything(job.get("seed", 0))
-    wl = load_workload(
-        job["workload"], preset=job["preset"], batch_size=job.get("batch_size"), step=step
-    )
+    wl = workload_for(job)
     model = wl.model.to(device)
     model.eval() if step == "infer" else model.train()
     hashes = model_hash(model)
     inputs = served_inputs(wl, device)
     phases["build_model_s"] = time.perf_counter() - t
-    doc = {"spec": job["spec"], "device": device, "step": step}
+    doc = {"spec": job["spec"], "device": device, "step": step, "fixes": job.get("fixes")}
     out: dict[str, Any] = {
         "environment": environment(device),
         "model_hash": hashes,
@@ -146,7 +164,14 @@ def build(job: dict[str, Any]) -> dict[str, Any]:
             from torchkiln.ship import precompiled
 
             t = time.perf_counter()
-            got = precompiled.build(model, inputs, job["spec"], device, to / PRECOMPILED_FILE)
+            got = precompiled.build(
+                model,
+                inputs,
+                job["spec"],
+                device,
+                to / PRECOMPILED_FILE,
+                Remedies.of(job.get("fixes")),
+            )
             phases["precompile_s"] = time.perf_counter() - t
             if "functions" in got:
                 out["artifacts"]["precompiled"] = {"file": PRECOMPILED_FILE, **got}

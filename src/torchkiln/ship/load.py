@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkiln.errors import KilnUserError
+from torchkiln.repair.remedies import Remedies
 from torchkiln.ship.layout import to_layout
 from torchkiln.ship.manifest import (
     environment,
@@ -38,7 +39,8 @@ class ShipFallbackWarning(UserWarning):
 
 class Shipped:
     """The model, ready to call, as a route of the ship directory made it. Inference calls run
-    under no_grad, and every call under the pick's precision flags and autocast."""
+    under no_grad, and every call under the pick's precision flags, autocast and remedies for
+    graph breaks (Dynamo settings, inputs marked dynamic)."""
 
     def __init__(self, run: Any, doc: dict[str, Any], route: str, reason: str) -> None:
         import torch
@@ -52,6 +54,7 @@ class Shipped:
         self._autocast = lambda: autocast(device, self.variant.precision)
         self._flags = lambda: precision_flags(self.variant.precision)
         self._grad = torch.no_grad if doc.get("step") == "infer" else torch.enable_grad
+        self._remedies = Remedies.of(doc.get("fixes"))
         self.kiln_route = route
         self.kiln_reason = reason
         self.kiln_manifest = doc
@@ -63,13 +66,20 @@ class Shipped:
         kwargs = {k: to_layout(v, cl) for k, v in kwargs.items()}
         self.variant.backend.before_step()
         with self._grad(), self._flags(), self._autocast():
-            return self._run(*args, **kwargs)
+            with self._remedies.around_call(args, kwargs):
+                return self._run(*args, **kwargs)
 
     @property
     def kiln_fallback_calls(self) -> int:
         """Calls the precompiled route compiled cold (no saved function's guards accepted
         them); 0 on the other routes."""
         return int(getattr(self._run, "fallback_calls", 0))
+
+    @property
+    def kiln_fallback_reason(self) -> str:
+        """Why the first call compiled cold was turned away (the guard that failed); "" when
+        none was."""
+        return str(getattr(self._run, "fallback_reason", ""))
 
     def __repr__(self) -> str:
         return f"Shipped(spec={self.variant.spec!r}, route={self.kiln_route!r})"
@@ -89,6 +99,12 @@ def _fit(doc: dict[str, Any], model: Any) -> list[str]:
         if built.get(part) != here[part]:
             what = "weights" if part == "params" else "module source"
             problems.append(f"model {part} hash: the model's {what} differ from the shipped one's")
+            patch = Remedies.of(doc.get("fixes")).patch
+            if part == "code" and patch:
+                problems[-1] += (
+                    f" (the pick's remedies rewrite the model's source: apply {patch} from the "
+                    "ship directory to the model's code)"
+                )
     return problems
 
 
@@ -162,6 +178,8 @@ def load(ship_dir: str | Path, model: Any, *, route: str | None = None) -> Shipp
     if doc.get("step") == "infer":
         model.eval()
     t0 = time.perf_counter()
+    # Before any route compiles: the helpers the pick's remedies disable.
+    Remedies.of(doc.get("fixes")).prepare(model)
     problems = _fit(doc, model) if route != "cold" else []
     arts = doc.get("artifacts") or {}
     order = [route] if route else [*doc.get("route_order", ARTIFACT_ROUTES), "cold"]

@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from torchkiln.repair.remedies import Remedies
+
 log = logging.getLogger("torchkiln.ship")
 
 
@@ -27,10 +29,17 @@ def _args(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     return ((), dict(inputs)) if isinstance(inputs, dict) else (tuple(inputs), {})
 
 
-def build(model: Any, inputs: list[Any], spec: str, device: str, path: Path) -> dict[str, Any]:
+def build(
+    model: Any,
+    inputs: list[Any],
+    spec: str,
+    device: str,
+    path: Path,
+    remedies: Remedies | None = None,
+) -> dict[str, Any]:
     """Compile ``model``'s forward for ``inputs`` (each a tuple of args or a dict of kwargs) under
-    the pick's precision and layout, and write the functions to ``path``. Returns
-    {"functions": n} or {"reason", "remedy", "error"} when it cannot."""
+    the pick's precision, layout and remedies for graph breaks, and write the functions to
+    ``path``. Returns {"functions": n} or {"reason", "remedy", "error"} when it cannot."""
     import torch
 
     from torchkiln.runner.protocol.settings import autocast, map_tensors, precision_flags
@@ -48,7 +57,8 @@ def build(model: Any, inputs: list[Any], spec: str, device: str, path: Path) -> 
                 args, kwargs = _args(map_tensors(batch, lambda x: to_layout(x, v.channels_last)))
                 if any(_accepts(f, model, args, kwargs) for f in fns):
                     continue
-                fns.append(v.backend.precompile(model, args, kwargs))
+                with (remedies or Remedies()).around_call(args, kwargs):
+                    fns.append(v.backend.precompile(model, args, kwargs))
         blobs = []
         for i, f in enumerate(fns):
             tmp = path.with_name(f"{path.name}.fn{i}")
@@ -99,9 +109,25 @@ def _accepts(f: Any, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     return bool(check(model, *args, **kwargs))
 
 
+def _rejection(f: Any, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """The guard that turned this call away, in Dynamo's words, where this torch says."""
+    manager = getattr(getattr(f, "_artifacts", None), "guard_manager", None)
+    verbose = getattr(manager, "check_verbose", None)
+    prepare = getattr(f, "prepare_f_locals", None)
+    if verbose is None or prepare is None:
+        return "this torch does not say which guard failed"
+    try:
+        info = verbose(prepare(model, *args, **kwargs))
+    except (RuntimeError, TypeError, AttributeError, KeyError) as exc:
+        return f"the guards could not say why ({type(exc).__name__}: {exc})"
+    parts = getattr(info, "verbose_code_parts", None) or [str(info)]
+    return "; ".join(" ".join(str(p).split()) for p in parts)[:500]
+
+
 class Precompiled:
     """Calls the first loaded function whose guards accept the call; otherwise a cold compile of
-    the same variant, made on first need (``fallback_calls`` counts the calls it served)."""
+    the same variant, made on first need (``fallback_calls`` counts the calls it served;
+    ``fallback_reason`` keeps the guard that turned the first of them away)."""
 
     def __init__(self, model: Any, fns: list[Any], cold: Any) -> None:
         self.model = model
@@ -109,6 +135,7 @@ class Precompiled:
         self._cold_factory = cold
         self._cold: Any = None
         self.fallback_calls = 0
+        self.fallback_reason = ""
         for f in fns:
             if hasattr(f, "disable_guard_check"):
                 # Checked here once per call, not again inside the function.
@@ -119,9 +146,12 @@ class Precompiled:
             if _accepts(f, self.model, args, kwargs):
                 return f(self.model, *args, **kwargs)
         if self._cold is None:
+            self.fallback_reason = _rejection(self.fns[0], self.model, args, kwargs)
             log.warning(
                 "kiln ship: no precompiled function accepts this call (a shape or setting the "
-                "ship was not built on); compiling it as torch.compile would"
+                "ship was not built on); compiling it as torch.compile would. The first "
+                "function's guard: %s",
+                self.fallback_reason,
             )
             self._cold = self._cold_factory()
         self.fallback_calls += 1

@@ -44,17 +44,15 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from torchkiln.measure.timer import StepTimer, calibrate_steps
-    from torchkiln.runner.protocol.settings import map_tensors, seed_everything
-    from torchkiln.ship.build import call, train_call
+    from torchkiln.runner.protocol.settings import map_tensors
+    from torchkiln.ship.build import call, train_call, workload_for
     from torchkiln.ship.load import load
     from torchkiln.ship.manifest import read_manifest
-    from torchkiln.workloads import load_workload
 
     ship_dir = Path(job["ship_dir"])
     m = read_manifest(ship_dir)
     device, step = m["device"], m["step"]
-    seed_everything(m.get("seed", 0))
-    wl = load_workload(m["workload"], preset=m["preset"], batch_size=m.get("batch_size"), step=step)
+    wl = workload_for(m)
     model = wl.model.to(device)
     if step == "train":
         model.train()
@@ -96,6 +94,8 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
         "steady_ms": {"median": steady, "samples": samples, "steps_per_rep": steps},
         "compile_phases_s": phases,
         "dynamo_frames": _dynamo_frames(),
+        "fallback_calls": shipped.kiln_fallback_calls,
+        "fallback_reason": shipped.kiln_fallback_reason,
     }
 
 

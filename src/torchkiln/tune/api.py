@@ -72,7 +72,19 @@ class TuneResult:
         measured (an inference tune: eval mode, calls under no_grad)."""
         if self.best is None:
             raise KilnUserError("no variant passed, so there is nothing to apply")
-        return recommend.apply(model, self.best, self.doc["device"], self.doc.get("step"))
+        from torchkiln.repair.remedies import Remedies
+
+        remedies = Remedies.of((self.doc.get("recommendation") or {}).get("fixes"))
+        if remedies.patch:
+            warnings.warn(
+                f"the pick {self.best!r} was measured on the model's source with "
+                f"{self.out / remedies.patch} applied: apply that patch to the model's code (the "
+                "configuration remedies are applied here, the source is yours)",
+                stacklevel=2,
+            )
+        return recommend.apply(
+            model, self.best, self.doc["device"], self.doc.get("step"), remedies=remedies
+        )
 
 
 def _factory_spec(factory: Any) -> str | None:

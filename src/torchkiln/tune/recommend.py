@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from torchkiln.repair.remedies import Remedies
 from torchkiln.runner.protocol.arm_facts import ArmFacts, arm_facts
 from torchkiln.variants import Variant, parse_variant
 
@@ -230,7 +231,14 @@ class _Tuned:
     """Callable module: the model with the chosen variant applied, taking the trial's steps
     (runner.arm_facts): inference in eval mode under no_grad, autocast and flags inside."""
 
-    def __init__(self, model: Any, spec: str, device: str, step: str | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        spec: str,
+        device: str,
+        step: str | None = None,
+        remedies: Remedies | None = None,
+    ) -> None:
         import contextlib
 
         import torch
@@ -238,6 +246,8 @@ class _Tuned:
         from torchkiln.runner.protocol.settings import autocast, precision_flags
 
         v = parse_variant(spec)
+        self.remedies = remedies or Remedies()
+        self.remedies.prepare(model)
         facts = arm_facts(v, step, device) if step else None
         if facts is not None:
             # Before compiling: the compiled code specialises on the mode (dropout, batch norm).
@@ -259,15 +269,24 @@ class _Tuned:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.variant.backend.before_step()
         with self._grad(), self._flags(), self._autocast():
-            return self._run(*args, **kwargs)
+            with self.remedies.around_call(args, kwargs):
+                return self._run(*args, **kwargs)
 
 
-def apply(model: Any, spec: str, device: str = "cuda", step: str | None = None) -> Any:
+def apply(
+    model: Any,
+    spec: str,
+    device: str = "cuda",
+    step: str | None = None,
+    remedies: Remedies | None = None,
+) -> Any:
     """The model with ``spec`` applied, ready to call like the model. With ``step`` (the tune's
     "infer" or "train"), the model is put in the mode the trial measured, and an inference call
     runs under no_grad as the trial's did. A whole-step variant is applied to the model alone
-    here (the step is the caller's code: see the recommendation)."""
-    return _Tuned(model, spec, device, step)
+    here (the step is the caller's code: see the recommendation). ``remedies``: the pick's
+    remedies for graph breaks other than a source patch (Dynamo settings around each call,
+    helpers disabled), applied as its trial applied them."""
+    return _Tuned(model, spec, device, step, remedies)
 
 
 def _input_name(key: Any) -> str:
