@@ -84,8 +84,19 @@ def phases(route: dict[str, Any]) -> dict[str, float]:
     frame = spent.get("entire_frame_compile", 0.0)
     backend = spent.get("backend_compile", 0.0)
     inductor = spent.get("inductor_compile", 0.0)
-    out = {
-        "cache loading (load)": route["load_s"],
+    load = route.get("load_phases_s") or {}
+    named = {
+        "imports_s": "importing torch._dynamo and Inductor (load)",
+        "check_s": "manifest and model hash check (load)",
+        "compile_cache_s": "Mega-Cache loading (load)",
+        "kernels_s": "kernel archive extraction (load)",
+        "functions_s": "precompiled functions loading (load)",
+        "package_s": "AOTInductor package loading (load)",
+        "apply_s": "torch.compile wrapping (load)",
+    }
+    out = {named.get(k, k): v for k, v in load.items()}
+    out["the rest of load"] = max(0.0, route["load_s"] - sum(load.values()))
+    out |= {
         "tracing (Dynamo)": max(0.0, frame - backend),
         "AOT autograd": max(0.0, backend - inductor),
         "Inductor codegen, kernel compile and autotuning": inductor,

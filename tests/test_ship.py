@@ -163,6 +163,9 @@ def test_the_precompiled_forward_serves_its_shape_and_compiles_a_new_one_cold(sh
     model = _model()
     out = torchkiln.load(shipped[1], model, route="precompiled")
     assert out.kiln_route == "precompiled"
+    # Where the load went: the compiler's imports, the check, the caches, the functions.
+    assert {"imports_s", "check_s", "kernels_s", "functions_s"} <= set(out.kiln_load_phases)
+    assert sum(out.kiln_load_phases.values()) <= out.kiln_load_s + 1e-3
     x = torch.randn(4, 16)
     with torch.no_grad():
         want = model(x)
@@ -349,6 +352,12 @@ def test_bench_ship_judges_the_goals_and_names_the_phase_that_missed():
     missed = bench.judge("infer", routes, ["cache"])
     assert not missed["first_output_met"] and not missed["steady_met"]
     assert missed["most_time"] == "CUDA-graph recording (calls until steady)"
+    # A slow load is split into its phases, as the route measured them.
+    routes["cache"] = _route(9.0, 0.5, 3.0, load_s=8.0)
+    routes["cache"]["load_phases_s"] = {"imports_s": 1.5, "kernels_s": 6.0}
+    where = bench.judge("infer", routes, ["cache"])
+    assert where["most_time"] == "kernel archive extraction (load)"
+    assert where["phases_s"]["the rest of load"] == 0.5
     train = bench.judge("train", {"cold": _route(20, 20, 5), "cache": _route(9, 9, 5)}, ["cache"])
     assert train["first_step_share_of_cold"] == 0.463 and not train["first_output_met"]
 

@@ -10,10 +10,12 @@ altered compiled code could run anything."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import tarfile
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +61,7 @@ class Shipped:
         self.kiln_reason = reason
         self.kiln_manifest = doc
         self.kiln_load_s = 0.0
+        self.kiln_load_phases: dict[str, float] = {}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         cl = self.variant.channels_last
@@ -122,35 +125,51 @@ def _extract_kernels(path: Path) -> None:
         tar.extractall(root, members=members, **safe)
 
 
-def _load_cache(ship_dir: Path, doc: dict[str, Any], model: Any) -> Any:
+@contextlib.contextmanager
+def _phase(phases: dict[str, float], name: str) -> Iterator[None]:
+    t = time.perf_counter()
+    try:
+        yield
+    finally:
+        phases[name] = phases.get(name, 0.0) + time.perf_counter() - t
+
+
+def _load_cache(ship_dir: Path, doc: dict[str, Any], model: Any, phases: dict[str, float]) -> Any:
     from torchkiln.tune.recommend import apply
 
-    _prime_caches(ship_dir, doc["artifacts"])
-    return apply(model, doc["spec"], doc["device"])
+    _prime_caches(ship_dir, doc["artifacts"], phases)
+    with _phase(phases, "apply_s"):
+        return apply(model, doc["spec"], doc["device"])
 
 
-def _prime_caches(ship_dir: Path, arts: dict[str, Any]) -> None:
+def _prime_caches(ship_dir: Path, arts: dict[str, Any], phases: dict[str, float]) -> None:
     """Mega-Cache's entries and Inductor's kernels into this process's caches."""
     import torch
 
     if "cache" in arts and hasattr(torch.compiler, "load_cache_artifacts"):
-        torch.compiler.load_cache_artifacts(verify_artifact(ship_dir, arts["cache"]).read_bytes())
+        with _phase(phases, "compile_cache_s"):
+            data = verify_artifact(ship_dir, arts["cache"]).read_bytes()
+            torch.compiler.load_cache_artifacts(data)
     if "kernels" in arts:
-        _extract_kernels(verify_artifact(ship_dir, arts["kernels"]))
+        with _phase(phases, "kernels_s"):
+            _extract_kernels(verify_artifact(ship_dir, arts["kernels"]))
 
 
-def _load_precompiled(ship_dir: Path, doc: dict[str, Any], model: Any) -> Any:
+def _load_precompiled(
+    ship_dir: Path, doc: dict[str, Any], model: Any, phases: dict[str, float]
+) -> Any:
     from torchkiln.ship import precompiled
 
     arts = doc["artifacts"]
     path = verify_artifact(ship_dir, arts["precompiled"])
     # The functions hold Inductor's code; its compiled binaries (C++ or Triton) come from the
     # caches, without which the first call builds them again.
-    _prime_caches(ship_dir, arts)
-    return precompiled.load(path, model, doc["spec"], doc.get("model_module"))
+    _prime_caches(ship_dir, arts, phases)
+    with _phase(phases, "functions_s"):
+        return precompiled.load(path, model, doc["spec"], doc.get("model_module"))
 
 
-def _load_aoti(ship_dir: Path, doc: dict[str, Any], model: Any) -> Any:
+def _load_aoti(ship_dir: Path, doc: dict[str, Any], model: Any, phases: dict[str, float]) -> Any:
     import torch
 
     arts = doc["artifacts"]
@@ -159,8 +178,10 @@ def _load_aoti(ship_dir: Path, doc: dict[str, Any], model: Any) -> Any:
         # Loading a package checks which vector ISA this CPU builds for by compiling a probe
         # per ISA, on a GPU host too: 56 s of a 57 s load with an empty Inductor cache (tiny
         # MLP, 2 shared cores, torch 2.14.1). The build's probes are in the kernels archive.
-        _extract_kernels(verify_artifact(ship_dir, arts["kernels"]))
-    return torch._inductor.aoti_load_package(str(path))
+        with _phase(phases, "kernels_s"):
+            _extract_kernels(verify_artifact(ship_dir, arts["kernels"]))
+    with _phase(phases, "package_s"):
+        return torch._inductor.aoti_load_package(str(path))
 
 
 def load(ship_dir: str | Path, model: Any, *, route: str | None = None) -> Shipped:
@@ -178,9 +199,16 @@ def load(ship_dir: str | Path, model: Any, *, route: str | None = None) -> Shipp
     if doc.get("step") == "infer":
         model.eval()
     t0 = time.perf_counter()
+    phases: dict[str, float] = {}
+    with _phase(phases, "imports_s"):
+        # Every route's first import of the compiler stack (over a second on its own), kept
+        # apart from what the artifacts cost.
+        import torch._dynamo  # noqa: F401
+        import torch._inductor.compile_fx  # noqa: F401
     # Before any route compiles: the helpers the pick's remedies disable.
     Remedies.of(doc.get("fixes")).prepare(model)
-    problems = _fit(doc, model) if route != "cold" else []
+    with _phase(phases, "check_s"):
+        problems = _fit(doc, model) if route != "cold" else []
     arts = doc.get("artifacts") or {}
     order = [route] if route else [*doc.get("route_order", ARTIFACT_ROUTES), "cold"]
     notes: list[str] = []
@@ -210,7 +238,7 @@ def load(ship_dir: str | Path, model: Any, *, route: str | None = None) -> Shipp
             continue
         loader = {"aoti": _load_aoti, "precompiled": _load_precompiled, "cache": _load_cache}[r]
         try:
-            run = loader(ship_dir, doc, model)
+            run = loader(ship_dir, doc, model, phases)
         except KilnUserError:
             raise  # an altered artifact is refused, never worked around
         except Exception as exc:  # noqa: BLE001  (the next route serves; the reason is kept)
@@ -230,10 +258,12 @@ def load(ship_dir: str | Path, model: Any, *, route: str | None = None) -> Shipp
         elif not notes:
             notes = ["`kiln ship` measured no artifact route as fit to serve (route_order)"]
         reason = "cold compile: " + "; ".join(notes)
-        chosen = ("cold", apply(model, doc["spec"], doc["device"]), reason)
+        with _phase(phases, "apply_s"):
+            chosen = ("cold", apply(model, doc["spec"], doc["device"]), reason)
     elif notes:
         chosen = (chosen[0], chosen[1], chosen[2] + " (" + "; ".join(notes) + ")")
     shipped = Shipped(chosen[1], doc, chosen[0], chosen[2])
     shipped.kiln_load_s = time.perf_counter() - t0
+    shipped.kiln_load_phases = {k: round(v, 4) for k, v in phases.items()}
     log.info("kiln ship %s: route %s: %s", ship_dir, shipped.kiln_route, shipped.kiln_reason)
     return shipped

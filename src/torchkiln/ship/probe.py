@@ -87,6 +87,7 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
         "route": shipped.kiln_route,
         "reason": shipped.kiln_reason,
         "load_s": load_s,
+        "load_phases_s": shipped.kiln_load_phases,
         "first_call_s": first_s,
         "first_fast_s": load_s + elapsed,
         "first_fast_call": fast_at + 1,
