@@ -47,7 +47,9 @@ def _spawn(module: str, job: dict[str, Any], work: Path, timeout_s: float) -> di
     env = launcher_env(dict(os.environ))
     env["PYTHONUNBUFFERED"] = "1"
     env["TORCHINDUCTOR_CACHE_DIR"] = str(work / "cache" / "inductor")
-    env["TRITON_CACHE_DIR"] = str(work / "cache" / "triton")
+    # Unset, Inductor keeps Triton's binaries in its own cache directory (triton/<device>), as
+    # in a production process with default settings: the kernels archive then carries them.
+    env.pop("TRITON_CACHE_DIR", None)
     cmd = [sys.executable, "-m", module, str(job_path), str(result_path)]
     with open(work / "stderr.txt", "wb") as err, open(work / "stdout.txt", "wb") as out:
         proc = spawn.start(cmd, env=env, stdout=out, stderr=err)
