@@ -391,3 +391,44 @@ def test_the_load_order_puts_slower_or_differing_routes_last_and_failed_ones_out
     assert _order(slow) == ["cache", "aoti"]
     assert _order({**fast, "aoti": r("aoti", 1.0, [1.0], same=False)}) == ["cache"]
     assert _order({**fast, "cache": r("cache", 5.0, [1.0], ok=False)}) == ["aoti"]
+
+
+class _Guarded:
+    """A compiled function's face: guards that accept a call only outside autocast."""
+
+    def __init__(self, accepts_autocast: bool = False, never: bool = False) -> None:
+        self.accepts_autocast, self.never = accepts_autocast, never
+        self.calls: list[bool] = []
+
+    def guard_check(self, model, *args, **kwargs) -> bool:
+        import torch
+
+        on = torch.is_autocast_enabled("cpu")
+        return not self.never and (self.accepts_autocast or not on)
+
+    def __call__(self, model, *args, **kwargs):
+        import torch
+
+        self.calls.append(torch.is_autocast_enabled("cpu"))
+        return args[0]
+
+
+def test_precompiled_functions_are_called_in_the_context_their_guards_accept():
+    """A torch whose compiled function's guards turn autocast calls away (its inputs' dispatch
+    keys recorded without the autocast key) is called with autocast off; one that accepts them
+    as they come is called as they come; one that accepts neither is not shipped."""
+    import torch
+
+    from torchkiln.ship.precompiled import Precompiled, _accepting_context
+
+    x = torch.ones(2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert _accepting_context(_Guarded(), None, (x,), {}, "cpu") is True
+        assert _accepting_context(_Guarded(accepts_autocast=True), None, (x,), {}, "cpu") is False
+        why = _accepting_context(_Guarded(never=True), None, (x,), {}, "cpu")
+        assert isinstance(why, str) and why
+    f = _Guarded()
+    run = Precompiled(None, [f], lambda: pytest.fail("compiled cold"), True, "cpu")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        run(x)
+    assert f.calls == [False] and run.fallback_calls == 0

@@ -254,8 +254,9 @@ def ship_workload(
     ):
         if package == only and only not in built["artifacts"]:
             why = built.get(diagnosis) or {}
+            error = f" ({why['error']})" if why.get("error") else ""
             raise KilnUserError(
-                f"--package {only}: {what}: {why.get('reason')}; remedy: {why.get('remedy')}"
+                f"--package {only}: {what}: {why.get('reason')}{error}; remedy: {why.get('remedy')}"
             )
     artifacts = {
         name: describe_artifact(to, a.pop("file"), **a) for name, a in built["artifacts"].items()

@@ -166,7 +166,9 @@ def _load_precompiled(
     # caches, without which the first call builds them again.
     _prime_caches(ship_dir, arts, phases)
     with _phase(phases, "functions_s"):
-        return precompiled.load(path, model, doc["spec"], doc.get("model_module"))
+        return precompiled.load(
+            path, model, doc["spec"], doc.get("model_module"), doc.get("device", "cpu")
+        )
 
 
 def _load_aoti(ship_dir: Path, doc: dict[str, Any], model: Any, phases: dict[str, float]) -> Any:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import io
+import json
 import logging
 import sys
 import tarfile
@@ -23,6 +24,7 @@ from typing import Any
 from torchkiln.repair.remedies import Remedies
 
 log = logging.getLogger("torchkiln.ship")
+META = "meta.json"  # how the functions are called: {"autocast_off": bool}
 
 
 def _args(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -51,14 +53,27 @@ def build(
     if v.channels_last:
         model = model.to(memory_format=torch.channels_last)
     fns: list[Any] = []
+    autocast_off: bool | None = None  # the call context the functions' guards accept
     try:
         with torch.no_grad(), precision_flags(v.precision), autocast(device, v.precision):
             for batch in inputs:
                 args, kwargs = _args(map_tensors(batch, lambda x: to_layout(x, v.channels_last)))
-                if any(_accepts(f, model, args, kwargs) for f in fns):
+                if autocast_off is not None and any(
+                    _accepts(f, model, args, kwargs, _context(autocast_off, device)) for f in fns
+                ):
                     continue
                 with (remedies or Remedies()).around_call(args, kwargs):
-                    fns.append(v.backend.precompile(model, args, kwargs))
+                    f = v.backend.precompile(model, args, kwargs)
+                fns.append(f)
+                found = _accepting_context(f, model, args, kwargs, device)
+                if isinstance(found, str):
+                    return {
+                        "reason": "the ahead-of-time compiled function's guards reject the very "
+                        "inputs it was compiled on",
+                        "remedy": "the compile-cache route serves the pick",
+                        "error": found,
+                    }
+                autocast_off = found
         blobs = []
         for i, f in enumerate(fns):
             tmp = path.with_name(f"{path.name}.fn{i}")
@@ -73,12 +88,39 @@ def build(
         }
     except Exception as exc:  # noqa: BLE001  (a failed precompile is reported, not fatal)
         return diagnose(exc)
+    meta = json.dumps({"autocast_off": bool(autocast_off)}).encode()
     with tarfile.open(path, "w") as tar:
-        for i, blob in enumerate(blobs):
-            info = tarfile.TarInfo(f"fn{i}.bin")
+        for name, blob in [*((f"fn{i}.bin", b) for i, b in enumerate(blobs)), (META, meta)]:
+            info = tarfile.TarInfo(name)
             info.size = len(blob)
             tar.addfile(info, io.BytesIO(blob))
-    return {"functions": len(blobs)}
+    return {"functions": len(blobs), "autocast_off": bool(autocast_off)}
+
+
+def _context(autocast_off: bool, device: str) -> Any:
+    """Where the functions are checked and called: as the caller runs, or with autocast off."""
+    import torch
+
+    if not autocast_off:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.split(":")[0], enabled=False)
+
+
+def _accepting_context(
+    f: Any, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], device: str
+) -> bool | str:
+    """Whether ``f``'s guards accept the inputs it was compiled on as the caller runs (False) or
+    only with autocast off (True); the guard's words where neither. A torch whose compiled
+    function records its inputs' dispatch keys without the autocast key it ran under turns
+    every autocast call away (resnet50 + bf16 on an H200, torch 2.11: 'dispatch key set
+    mismatch ... actual ... AutocastCUDA'); the graph holds its casts already, so outside
+    autocast it computes the same."""
+    if _accepts(f, model, args, kwargs):
+        return False
+    with _context(True, device):
+        if _accepts(f, model, args, kwargs):
+            return True
+    return _rejection(f, model, args, kwargs)
 
 
 def diagnose(exc: BaseException) -> dict[str, str]:
@@ -101,12 +143,15 @@ def diagnose(exc: BaseException) -> dict[str, str]:
     return why
 
 
-def _accepts(f: Any, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Whether the compiled function's guards accept this call."""
+def _accepts(
+    f: Any, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], context: Any = None
+) -> bool:
+    """Whether the compiled function's guards accept this call (inside ``context``)."""
     check = getattr(f, "guard_check", None)
     if check is None:
         raise RuntimeError("this torch's compiled functions cannot check their guards")
-    return bool(check(model, *args, **kwargs))
+    with context or contextlib.nullcontext():
+        return bool(check(model, *args, **kwargs))
 
 
 def _rejection(f: Any, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
@@ -129,9 +174,12 @@ class Precompiled:
     the same variant, made on first need (``fallback_calls`` counts the calls it served;
     ``fallback_reason`` keeps the guard that turned the first of them away)."""
 
-    def __init__(self, model: Any, fns: list[Any], cold: Any) -> None:
+    def __init__(
+        self, model: Any, fns: list[Any], cold: Any, autocast_off: bool = False, device: str = ""
+    ) -> None:
         self.model = model
         self.fns = fns
+        self._context = lambda: _context(autocast_off, device)
         self._cold_factory = cold
         self._cold: Any = None
         self.fallback_calls = 0
@@ -142,9 +190,10 @@ class Precompiled:
                 f.disable_guard_check()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        for f in self.fns:
-            if _accepts(f, self.model, args, kwargs):
-                return f(self.model, *args, **kwargs)
+        with self._context():
+            for f in self.fns:
+                if _accepts(f, self.model, args, kwargs):
+                    return f(self.model, *args, **kwargs)
         if self._cold is None:
             self.fallback_reason = _rejection(self.fns[0], self.model, args, kwargs)
             log.warning(
@@ -176,7 +225,9 @@ def _module_named(name: str | None, here: str) -> Iterator[None]:
             sys.modules[name] = before
 
 
-def load(path: Path, model: Any, spec: str, built_module: str | None = None) -> Precompiled:
+def load(
+    path: Path, model: Any, spec: str, built_module: str | None = None, device: str = "cpu"
+) -> Precompiled:
     """The functions in ``path`` (already checked against the manifest's sha256), bound to
     ``model``. ``built_module``: the name the model's class had where the functions were built.
     The functions name it (their guards check the model's type); where this process imports the
@@ -198,8 +249,12 @@ def load(path: Path, model: Any, spec: str, built_module: str | None = None) -> 
         if mod is not None:
             kw["f_globals"] = vars(mod)
     with tarfile.open(path) as tar, _module_named(built_module, type(model).__module__):
-        names = sorted((m for m in tar.getmembers() if m.isfile()), key=lambda m: int(m.name[2:-4]))
+        files = [m for m in tar.getmembers() if m.isfile()]
+        names = sorted((m for m in files if m.name != META), key=lambda m: int(m.name[2:-4]))
         fns = [loader(io.BytesIO(tar.extractfile(m).read()), **kw) for m in names]
+        metas = [json.loads(tar.extractfile(m).read()) for m in files if m.name == META]
     if not fns:
         raise RuntimeError(f"{path}: holds no compiled function")
-    return Precompiled(model, fns, lambda: v.backend.wrap(model, compile_scope="model"))
+    off = bool(metas and metas[0].get("autocast_off"))
+    cold = lambda: v.backend.wrap(model, compile_scope="model")  # noqa: E731
+    return Precompiled(model, fns, cold, off, device)
