@@ -52,34 +52,33 @@ def build(
     v = parse_variant(spec)
     if v.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    fns: list[Any] = []
-    autocast_off: bool | None = None  # the call context the functions' guards accept
+    compiled: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+    blobs: list[bytes] = []
+    contexts: set[bool] = set()  # the call contexts the functions' guards accept
     try:
         with torch.no_grad(), precision_flags(v.precision), autocast(device, v.precision):
             for batch in inputs:
                 args, kwargs = _args(map_tensors(batch, lambda x: to_layout(x, v.channels_last)))
-                if autocast_off is not None and any(
-                    _accepts(f, model, args, kwargs, _context(autocast_off, device)) for f in fns
-                ):
+                if any(_accepts(f, model, args, kwargs) for f, _, _ in compiled):
                     continue
                 with (remedies or Remedies()).around_call(args, kwargs):
-                    f = v.backend.precompile(model, args, kwargs)
-                fns.append(f)
-                found = _accepting_context(f, model, args, kwargs, device)
+                    compiled.append((v.backend.precompile(model, args, kwargs), args, kwargs))
+            read = _reader(model)
+            for i, (f, args, kwargs) in enumerate(compiled):
+                tmp = path.with_name(f"{path.name}.fn{i}")
+                f.save_compiled_function(str(tmp))
+                blobs.append(tmp.read_bytes())
+                tmp.unlink()
+                # As a loading process meets it: read back from its bytes, its guards rebuilt.
+                found = _accepting_context(read(blobs[-1]), model, args, kwargs, device)
                 if isinstance(found, str):
                     return {
-                        "reason": "the ahead-of-time compiled function's guards reject the very "
-                        "inputs it was compiled on",
+                        "reason": "the ahead-of-time compiled function, read back, rejects the "
+                        "very inputs it was compiled on",
                         "remedy": "the compile-cache route serves the pick",
                         "error": found,
                     }
-                autocast_off = found
-        blobs = []
-        for i, f in enumerate(fns):
-            tmp = path.with_name(f"{path.name}.fn{i}")
-            f.save_compiled_function(str(tmp))
-            blobs.append(tmp.read_bytes())
-            tmp.unlink()
+                contexts.add(found)
     except PrecompileUnsupported as exc:
         return {
             "reason": str(exc),
@@ -88,13 +87,36 @@ def build(
         }
     except Exception as exc:  # noqa: BLE001  (a failed precompile is reported, not fatal)
         return diagnose(exc)
-    meta = json.dumps({"autocast_off": bool(autocast_off)}).encode()
+    if len(contexts) > 1:
+        return {
+            "reason": "the compiled functions' guards accept their inputs in different contexts "
+            "(some only with autocast off)",
+            "remedy": "the compile-cache route serves the pick",
+            "error": "",
+        }
+    autocast_off = contexts.pop() if contexts else False
+    meta = json.dumps({"autocast_off": autocast_off}).encode()
     with tarfile.open(path, "w") as tar:
         for name, blob in [*((f"fn{i}.bin", b) for i, b in enumerate(blobs)), (META, meta)]:
             info = tarfile.TarInfo(name)
             info.size = len(blob)
             tar.addfile(info, io.BytesIO(blob))
-    return {"functions": len(blobs), "autocast_off": bool(autocast_off)}
+    return {"functions": len(blobs), "autocast_off": autocast_off}
+
+
+def _reader(model: Any) -> Any:
+    """bytes -> the compiled function, as torch's loader reads it for ``model``'s class."""
+    import torch
+
+    loader = torch.compiler.load_compiled_function
+    kw: dict[str, Any] = {}
+    if "f_globals" in inspect.signature(loader).parameters:
+        # The globals of the module that defines forward, as torch's loader asks for the
+        # guards and code that read them.
+        mod = sys.modules.get(type(model).forward.__module__)
+        if mod is not None:
+            kw["f_globals"] = vars(mod)
+    return lambda blob: loader(io.BytesIO(blob), **kw)
 
 
 def _context(autocast_off: bool, device: str) -> Any:
@@ -110,11 +132,11 @@ def _accepting_context(
     f: Any, model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], device: str
 ) -> bool | str:
     """Whether ``f``'s guards accept the inputs it was compiled on as the caller runs (False) or
-    only with autocast off (True); the guard's words where neither. A torch whose compiled
-    function records its inputs' dispatch keys without the autocast key it ran under turns
-    every autocast call away (resnet50 + bf16 on an H200, torch 2.11: 'dispatch key set
-    mismatch ... actual ... AutocastCUDA'); the graph holds its casts already, so outside
-    autocast it computes the same."""
+    only with autocast off (True); the guard's words where neither. A torch whose saved
+    function rebuilds its inputs' dispatch keys without the autocast key they were compiled
+    under turns every autocast call away (resnet50 + bf16 on an H200, torch 2.11, read back in
+    a new process: 'dispatch key set mismatch ... actual ... AutocastCUDA'); the graph holds
+    its casts already, so outside autocast it computes the same."""
     if _accepts(f, model, args, kwargs):
         return False
     with _context(True, device):
@@ -134,6 +156,14 @@ def diagnose(exc: BaseException) -> dict[str, str]:
             "reason": "the model (or an object its forward reads) is a class defined inside a "
             "function, which a saved compiled function cannot name in another process",
             "remedy": "define the class at module level",
+            "error": first,
+        }
+    if "cannot be serialized" in text:
+        return {
+            "reason": "a guard the compiled forward needs cannot be saved: it checks an object's "
+            "identity (ID_MATCH: an object the forward reads, a config or a class, whose id only "
+            "means something in the process that compiled it)",
+            "remedy": "the compile-cache route serves the pick",
             "error": first,
         }
     why = diagnose_export(exc)
@@ -240,18 +270,11 @@ def load(
     v = parse_variant(spec)
     if v.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    loader = torch.compiler.load_compiled_function
-    kw: dict[str, Any] = {}
-    if "f_globals" in inspect.signature(loader).parameters:
-        # The globals of the module that defines forward, as torch's loader asks for the
-        # guards and code that read them.
-        mod = sys.modules.get(type(model).forward.__module__)
-        if mod is not None:
-            kw["f_globals"] = vars(mod)
+    read = _reader(model)
     with tarfile.open(path) as tar, _module_named(built_module, type(model).__module__):
         files = [m for m in tar.getmembers() if m.isfile()]
         names = sorted((m for m in files if m.name != META), key=lambda m: int(m.name[2:-4]))
-        fns = [loader(io.BytesIO(tar.extractfile(m).read()), **kw) for m in names]
+        fns = [read(tar.extractfile(m).read()) for m in names]
         metas = [json.loads(tar.extractfile(m).read()) for m in files if m.name == META]
     if not fns:
         raise RuntimeError(f"{path}: holds no compiled function")
