@@ -69,7 +69,8 @@ def build(
                 f.save_compiled_function(str(tmp))
                 blobs.append(tmp.read_bytes())
                 tmp.unlink()
-                # As a loading process meets it: read back from its bytes, its guards rebuilt.
+                # As a loading process meets it: read back from its bytes, its guards rebuilt
+                # (in the context it is called in, as `load` reads it).
                 found = _accepting_context(read(blobs[-1]), model, args, kwargs, device)
                 if isinstance(found, str):
                     return {
@@ -270,8 +271,20 @@ def load(
     v = parse_variant(spec)
     if v.channels_last:
         model = model.to(memory_format=torch.channels_last)
+    from torchkiln.runner.protocol.settings import autocast, precision_flags
+
     read = _reader(model)
-    with tarfile.open(path) as tar, _module_named(built_module, type(model).__module__):
+    # Read in the context the functions are called in (Shipped's): a saved function's guards
+    # are rebuilt from it. Read outside autocast, resnet50 + bf16's guards expected its input
+    # without the AutocastCUDA dispatch key and turned every call under autocast away (H200,
+    # torch 2.11); read where it is called, they accept it.
+    with (
+        torch.no_grad(),
+        precision_flags(v.precision),
+        autocast(device, v.precision),
+        tarfile.open(path) as tar,
+        _module_named(built_module, type(model).__module__),
+    ):
         files = [m for m in tar.getmembers() if m.isfile()]
         names = sorted((m for m in files if m.name != META), key=lambda m: int(m.name[2:-4]))
         fns = [read(tar.extractfile(m).read()) for m in names]
