@@ -58,7 +58,7 @@ def test_ship_writes_the_module_the_manifest_and_the_artifacts(shipped):
     assert m["spec"] == "inductor" and m["workload"] == MLP
     for field in ("kiln", "torch", "python", "cpu_capability"):
         assert field in m["environment"]
-    assert set(m["model_hash"]) == {"params", "code"}
+    assert set(m["model_hash"]) == {"params", "code", "packages"}
     assert m["shapes"] == [[[4, 16]]]
     assert {"cache", "kernels", "precompiled", "aoti"} <= set(m["artifacts"])
     assert m["artifacts"]["precompiled"]["functions"] == 1 and m["precompile"] is None
@@ -305,6 +305,13 @@ def test_precompile_failures_are_diagnosed_with_their_remedy():
     other = precompiled.diagnose(RuntimeError("boom"))
     assert other["reason"] == "torch.compile's ahead-of-time compile failed"
     assert "compile-cache route" in other["remedy"] and other["error"] == "RuntimeError: boom"
+    # Export's own diagnoses (a Dim range) are not given for this compile's failures.
+    dim = precompiled.diagnose(RuntimeError("unknown option; guard ... Dim(batch)"))
+    assert dim["reason"] == "torch.compile's ahead-of-time compile failed"
+    saved = precompiled.diagnose(RuntimeError("ID_MATCH guard cannot be serialized."))
+    assert "identity" in saved["reason"]
+    brk = precompiled.diagnose(RuntimeError("Data-dependent branching; graph break in forward"))
+    assert "`kiln explain`" in brk["remedy"]
     model, x = torch.nn.Linear(4, 4), torch.randn(2, 4)
     for spec, why in (("inductor:scope=regions", "whole-model"), ("eager", "no ahead-of-time")):
         with pytest.raises(PrecompileUnsupported, match=why):
@@ -432,3 +439,55 @@ def test_precompiled_functions_are_called_in_the_context_their_guards_accept():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         run(x)
     assert f.calls == [False] and run.fallback_calls == 0
+
+
+DECORATED = str(Path(__file__).parent / "fixtures" / "ship_decorated.py") + ":build"
+
+
+@pytest.mark.slow
+def test_a_decorated_forward_that_returns_a_dict_is_precompiled_and_loads_without_tracing(
+    tmp_path,
+):
+    """A forward wrapped by a decorator that reads the wrapped function's code (a guard on its
+    identity, which a saved function cannot keep) and returning an OrderedDict, as
+    transformers' models do: the module's call is compiled, the identity guard left to the
+    manifest's hashes and package versions, and the loading process traces nothing."""
+    import importlib.metadata
+
+    import torch
+
+    import torchkiln
+    from torchkiln.runner.protocol.settings import seed_everything
+    from torchkiln.ship import ship_workload
+    from torchkiln.workloads import load_workload
+
+    m = ship_workload(
+        DECORATED, "inductor", preset="tiny", to=tmp_path / "s", package="precompiled"
+    )
+    assert "precompiled" in m["artifacts"], m["precompile"]
+    probe = m["routes"]["precompiled"]
+    assert probe["ok"] and probe["route"] == "precompiled", probe
+    assert probe["dynamo_frames"] == 0 and probe["fallback_calls"] == 0 and probe["matches_cold"]
+    assert m["model_hash"]["packages"]["torch"] == importlib.metadata.version("torch")
+    seed_everything(0)
+    model = load_workload(DECORATED, preset="tiny", step="infer").model
+    out = torchkiln.load(tmp_path / "s", model, route="precompiled")
+    x = torch.randn(4, 16)
+    got = out(x)
+    with torch.no_grad():
+        assert torch.allclose(got["out"], model(x)["out"], atol=1e-5)
+    assert out.kiln_fallback_calls == 0
+
+
+def test_other_versions_of_the_models_packages_do_not_fit():
+    import torch
+
+    from torchkiln.ship.load import _fit
+    from torchkiln.ship.manifest import environment, model_hash
+
+    model = torch.nn.Linear(2, 2)
+    doc = {"device": "cpu", "environment": environment("cpu"), "model_hash": model_hash(model)}
+    assert _fit(doc, model) == []
+    doc["model_hash"] = {**doc["model_hash"], "packages": {"torch": "0.0"}}
+    (problem,) = _fit(doc, model)
+    assert problem.startswith("model packages: built with {'torch': '0.0'}")

@@ -7,12 +7,15 @@ import re
 from pathlib import Path
 from typing import Any
 
+DYNAMIC_CACHE_REASON = (
+    "the model's output holds a key/value cache object (a Hugging Face DynamicCache) that "
+    "torch.export cannot flatten"
+)
 # (pattern in the exception's text, reason, remedy). First match wins.
 EXPORT_FAILURES: tuple[tuple[str, str, str], ...] = (
     (
         r"DynamicCache|Cache.*(pytree|flatten)|not a pytree|pytree.*Cache",
-        "the model's output holds a key/value cache object (a Hugging Face DynamicCache) "
-        "that torch.export cannot flatten",
+        DYNAMIC_CACHE_REASON,
         "model.config.use_cache = False before shipping (a decoder then returns logits only)",
     ),
     (

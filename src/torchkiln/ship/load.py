@@ -98,6 +98,11 @@ def _fit(doc: dict[str, Any], model: Any) -> list[str]:
         problems.append(f"device: built for {doc['device']!r}, the model is on {param.device}")
     built = doc.get("model_hash") or {}
     here = model_hash(model)
+    if "packages" in built and built["packages"] != here["packages"]:
+        problems.append(
+            f"model packages: built with {built.get('packages')}, this process has "
+            f"{here['packages']}"
+        )
     for part in ("params", "code"):
         if built.get(part) != here[part]:
             what = "weights" if part == "params" else "module source"

@@ -102,7 +102,25 @@ def model_hash(model: Any) -> dict[str, str]:
         # The qualified name, not the module: a workload file is imported under a name made
         # from its path (loader.py), and production imports the same classes by its own name.
         code.update(f"{cls.__qualname__}\n{text}".encode())
-    return {"params": params.hexdigest(), "code": code.hexdigest()}
+    return {"params": params.hexdigest(), "code": code.hexdigest(), "packages": packages(classes)}
+
+
+def packages(classes: Any) -> dict[str, str]:
+    """The version of each installed package that defines one of the model's classes
+    (transformers, torchvision, ...): code the forward runs beyond the classes' own source, such
+    as a decorator, which a saved compiled function no longer guards by identity. A module
+    without a version (a user's file) is covered by the source hash."""
+    import importlib.metadata
+
+    out: dict[str, str] = {}
+    for top in sorted({c.__module__.split(".")[0] for c in classes}):
+        try:
+            out[top] = importlib.metadata.version(top)
+        except (importlib.metadata.PackageNotFoundError, ValueError):
+            version = getattr(sys.modules.get(top), "__version__", None)
+            if isinstance(version, str):
+                out[top] = version
+    return out
 
 
 def sha256_file(path: Path) -> str:

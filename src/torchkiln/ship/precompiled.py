@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkiln.repair.remedies import Remedies
+from torchkiln.variants import aot_entry
 
 log = logging.getLogger("torchkiln.ship")
 META = "meta.json"  # how the functions are called: {"autocast_off": bool}
@@ -63,7 +64,10 @@ def build(
                     continue
                 with (remedies or Remedies()).around_call(args, kwargs):
                     compiled.append((v.backend.precompile(model, args, kwargs), args, kwargs))
-            read = _reader(model)
+            refs: dict[str, str] = {}
+            for f, _, _ in compiled:
+                refs |= aot_entry.module_refs(f)
+            read = _reader(refs)
             for i, (f, args, kwargs) in enumerate(compiled):
                 tmp = path.with_name(f"{path.name}.fn{i}")
                 f.save_compiled_function(str(tmp))
@@ -96,7 +100,7 @@ def build(
             "error": "",
         }
     autocast_off = contexts.pop() if contexts else False
-    meta = json.dumps({"autocast_off": autocast_off}).encode()
+    meta = json.dumps({"autocast_off": autocast_off, "module_refs": refs}).encode()
     with tarfile.open(path, "w") as tar:
         for name, blob in [*((f"fn{i}.bin", b) for i, b in enumerate(blobs)), (META, meta)]:
             info = tarfile.TarInfo(name)
@@ -105,18 +109,16 @@ def build(
     return {"functions": len(blobs), "autocast_off": autocast_off}
 
 
-def _reader(model: Any) -> Any:
-    """bytes -> the compiled function, as torch's loader reads it for ``model``'s class."""
+def _reader(refs: dict[str, str]) -> Any:
+    """bytes -> the compiled function, as torch's loader reads it."""
     import torch
 
     loader = torch.compiler.load_compiled_function
     kw: dict[str, Any] = {}
     if "f_globals" in inspect.signature(loader).parameters:
-        # The globals of the module that defines forward, as torch's loader asks for the
-        # guards and code that read them.
-        mod = sys.modules.get(type(model).forward.__module__)
-        if mod is not None:
-            kw["f_globals"] = vars(mod)
+        # The namespace the compiled function started from, as torch's loader asks for the
+        # guards and code that read it, with the modules Dynamo had installed there.
+        kw["f_globals"] = aot_entry.load_globals(refs)
     return lambda blob: loader(io.BytesIO(blob), **kw)
 
 
@@ -148,6 +150,7 @@ def _accepting_context(
 
 def diagnose(exc: BaseException) -> dict[str, str]:
     """Why the ahead-of-time compile or its saving failed, in plain words, with the remedy."""
+    from torchkiln.ship.export import DYNAMIC_CACHE_REASON
     from torchkiln.ship.export import diagnose as diagnose_export
 
     text = f"{type(exc).__name__}: {exc}"
@@ -167,10 +170,22 @@ def diagnose(exc: BaseException) -> dict[str, str]:
             "remedy": "the compile-cache route serves the pick",
             "error": first,
         }
+    if "graph break" in text.lower() or type(exc).__name__ == "Unsupported":
+        return {
+            "reason": "the forward breaks the graph, and an ahead-of-time compile is one whole "
+            "graph",
+            "remedy": "`kiln explain` names the break and its fix; the compile-cache route "
+            "serves the pick",
+            "error": first,
+        }
     why = diagnose_export(exc)
-    if why["reason"] == "torch.export could not capture the model":
-        why["reason"] = "torch.compile's ahead-of-time compile failed"
-        why["remedy"] = "see the error; the compile-cache route serves the pick"
+    if why["reason"] != DYNAMIC_CACHE_REASON:
+        # The other export diagnoses (a Dim range, say) are export's own, not this compile's.
+        why = {
+            "reason": "torch.compile's ahead-of-time compile failed",
+            "remedy": "see the error; the compile-cache route serves the pick",
+            "error": why["error"],
+        }
     return why
 
 
@@ -273,7 +288,6 @@ def load(
         model = model.to(memory_format=torch.channels_last)
     from torchkiln.runner.protocol.settings import autocast, precision_flags
 
-    read = _reader(model)
     # Read in the context the functions are called in (Shipped's): a saved function's guards
     # are rebuilt from it. Read outside autocast, resnet50 + bf16's guards expected its input
     # without the AutocastCUDA dispatch key and turned every call under autocast away (H200,
@@ -286,11 +300,13 @@ def load(
         _module_named(built_module, type(model).__module__),
     ):
         files = [m for m in tar.getmembers() if m.isfile()]
+        metas = [json.loads(tar.extractfile(m).read()) for m in files if m.name == META]
+        meta = metas[0] if metas else {}
+        read = _reader(meta.get("module_refs") or {})
         names = sorted((m for m in files if m.name != META), key=lambda m: int(m.name[2:-4]))
         fns = [read(tar.extractfile(m).read()) for m in names]
-        metas = [json.loads(tar.extractfile(m).read()) for m in files if m.name == META]
     if not fns:
         raise RuntimeError(f"{path}: holds no compiled function")
-    off = bool(metas and metas[0].get("autocast_off"))
+    off = bool(meta.get("autocast_off"))
     cold = lambda: v.backend.wrap(model, compile_scope="model")  # noqa: E731
     return Precompiled(model, fns, cold, off, device)

@@ -113,11 +113,22 @@ class Inductor(Backend):
             if hasattr(config, "enable_aot_compile")
             else contextlib.nullcontext()
         )
+        from torch._inductor import list_mode_options
+
+        from torchkiln.variants import aot_entry
+
         how, dynamic = self._how()
+        # The guards it keeps are given as an option, and torch.compile takes a mode or options:
+        # the mode's own options, then.
+        mode = how.get("mode")
+        options = how.get("options") or (list_mode_options(mode, dynamic) if mode else {})
+        options = {**options, "guard_filter_fn": aot_entry.serializable_guards}
         with patch:
-            # The unbound forward, with the module as its first argument: the parameters are
-            # then the call's inputs, read from whichever module a loading process passes.
-            fn = torch.compile(type(module).forward, **how, fullgraph=True, dynamic=dynamic)
+            # A call of the module, which is its first argument: the parameters are then the
+            # call's inputs, read from whichever module a loading process passes.
+            fn = torch.compile(
+                aot_entry.call_module, options=options, fullgraph=True, dynamic=dynamic
+            )
             aot = getattr(fn, "aot_compile", None)
             if aot is None:
                 raise PrecompileUnsupported(
