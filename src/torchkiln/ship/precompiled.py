@@ -25,7 +25,7 @@ from torchkiln.repair.remedies import Remedies
 from torchkiln.variants import aot_entry
 
 log = logging.getLogger("torchkiln.ship")
-META = "meta.json"  # how the functions are called: {"autocast_off": bool}
+META = "meta.json"  # how the functions are called: {"autocast_off", "module_refs"}
 
 
 def _args(inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
