@@ -186,6 +186,34 @@ def test_the_precompiled_forward_serves_its_shape_and_compiles_a_new_one_cold(sh
     assert "size mismatch" in out.kiln_fallback_reason and "actual 6" in out.kiln_fallback_reason
 
 
+def test_precompiled_functions_are_read_under_the_picks_compiler_settings(shipped, monkeypatch):
+    """torch takes some settings of a loaded function from the reading process (CUDA graphs for
+    reduce-overhead): the functions are read with the mode's settings on, and left as they were
+    after."""
+    import torch
+    import torch._inductor.config as inductor_config
+
+    from torchkiln.ship import precompiled
+    from torchkiln.variants import parse_variant
+
+    assert parse_variant("inductor:mode=reduce-overhead").backend.precompile_config()[
+        "triton.cudagraphs"
+    ]
+    assert parse_variant("inductor").backend.precompile_config() == {}
+    seen = []
+
+    def reading(*a, **k):  # what a reading torch would see of the settings
+        seen.append(inductor_config.triton.cudagraphs)
+        return lambda *args, **kwargs: None
+
+    monkeypatch.setattr(torch.compiler, "load_compiled_function", reading)
+    before = inductor_config.triton.cudagraphs
+    art = shipped[1] / _manifest(shipped[1])["artifacts"]["precompiled"]["file"]
+    precompiled.load(art, _model(), "inductor:mode=reduce-overhead")
+    assert seen and all(seen)
+    assert inductor_config.triton.cudagraphs == before
+
+
 def test_the_precompiled_forward_loads_for_the_same_class_imported_under_another_name(
     shipped, tmp_path
 ):
@@ -477,6 +505,21 @@ def test_a_decorated_forward_that_returns_a_dict_is_precompiled_and_loads_withou
     with torch.no_grad():
         assert torch.allclose(got["out"], model(x)["out"], atol=1e-5)
     assert out.kiln_fallback_calls == 0
+
+
+def test_a_precompiled_function_is_loaded_with_the_builtins_its_code_names():
+    """A loader that wants every name the compiled code reads in ``f_globals`` finds the builtins
+    there (the code Dynamo writes for a model output can call ``type``), and the modules Dynamo
+    had installed, under their recorded names."""
+    import collections
+
+    from torchkiln.variants import aot_entry
+
+    g = aot_entry.load_globals({"___module_collections_0": "collections"})
+    assert g["type"] is type and g["isinstance"] is isinstance
+    assert g["___module_collections_0"] is collections
+    assert g["call_module"] is aot_entry.call_module
+    assert g["__name__"] == aot_entry.__name__  # the module's own names win over the builtins'
 
 
 def test_other_versions_of_the_models_packages_do_not_fit():

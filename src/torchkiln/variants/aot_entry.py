@@ -51,7 +51,12 @@ def module_refs(fn: Any) -> dict[str, str]:
 
 
 def load_globals(refs: dict[str, str]) -> dict[str, Any]:
-    """``f_globals`` for loading: this module's namespace with the recorded modules."""
+    """``f_globals`` for loading: this module's namespace with the recorded modules, and the
+    builtins by name: torch 2.11's loader wants every name the compiled code reads in
+    ``f_globals`` itself, builtins too (GPT-2 on an H200: "Missing required external
+    references: ['type']"), where a call would have found them among the builtins."""
+    import builtins
     import importlib
 
-    return {**globals(), **{name: importlib.import_module(mod) for name, mod in refs.items()}}
+    mods = {name: importlib.import_module(mod) for name, mod in refs.items()}
+    return {**vars(builtins), **globals(), **mods}

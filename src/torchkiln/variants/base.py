@@ -88,6 +88,11 @@ class Backend:
         backend or this torch cannot."""
         raise PrecompileUnsupported(f"the {self.name} backend has no ahead-of-time compile")
 
+    def precompile_config(self) -> dict[str, Any]:
+        """The compiler settings ``precompile``'s functions are read back under in a loading
+        process (settings torch takes from that process, not from the saved function)."""
+        return {}
+
     @property
     def arm_builder(self) -> Callable[..., Any] | None:
         """The backend's own arm builder, ``(spec, variant, *, fp64, no_dropout) -> Arm``, for

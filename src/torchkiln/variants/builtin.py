@@ -92,6 +92,17 @@ class Inductor(Backend):
             how = {"options": {**(list_mode_options(mode) if mode else {}), "freezing": True}}
         return how, dynamic
 
+    def precompile_config(self) -> dict[str, Any]:
+        """Inductor's options for this mode: the precompile's, and those its functions are read
+        under (torch reads `triton.cudagraphs` from the loading process's config: read without
+        it, reduce-overhead's functions ran without CUDA graphs, resnet50 bf16 on an H200 at
+        2.89 ms a step against 1.84 ms compiled cold, torch 2.11)."""
+        from torch._inductor import list_mode_options
+
+        how, dynamic = self._how()
+        mode = how.get("mode")
+        return dict(how.get("options") or (list_mode_options(mode, dynamic) if mode else {}))
+
     def precompile(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         # torch.compile(...).aot_compile: Dynamo's trace, AOT autograd and Inductor's code, kept
         # whole, so that a loading process skips the tracing a compile cache cannot (on an H200,
@@ -113,16 +124,12 @@ class Inductor(Backend):
             if hasattr(config, "enable_aot_compile")
             else contextlib.nullcontext()
         )
-        from torch._inductor import list_mode_options
-
         from torchkiln.variants import aot_entry
 
-        how, dynamic = self._how()
+        _, dynamic = self._how()
         # The guards it keeps are given as an option, and torch.compile takes a mode or options:
         # the mode's own options, then.
-        mode = how.get("mode")
-        options = how.get("options") or (list_mode_options(mode, dynamic) if mode else {})
-        options = {**options, "guard_filter_fn": aot_entry.serializable_guards}
+        options = {**self.precompile_config(), "guard_filter_fn": aot_entry.serializable_guards}
         with patch:
             # A call of the module, which is its first argument: the parameters are then the
             # call's inputs, read from whichever module a loading process passes.

@@ -25,6 +25,7 @@ import traceback
 from typing import Any
 
 POLL_S = 0.05
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
 # Workloads this server has built (or tried to): each is built once, before the first fork.
 _prebuilt: set[tuple] = set()
 
@@ -191,7 +192,14 @@ def preload():
     lazy: nothing here asks for a device or counts devices), and no thread or process starts.
     Inductor's modules too: a compiled trial's first ``torch.compile()`` call imported about 600
     modules, 1.0 s on a 2-core CPU host and 3-5 s of an H200 host's trials' `build` phase with
-    four trials in flight."""
+    four trials in flight.
+
+    Some imports ask whether CUDA is there: torch 2.11's Inductor benchmarking module does, at
+    import, with `torch.cuda.is_available()`, whose default check (cudaGetDeviceCount) leaves
+    every later fork unable to use CUDA (on an H200 host every trial then started cold). Asked
+    through NVML, torch's fork-safe check, the answer is the same. It is set in this server's
+    environment only: a forked trial runs with the environment its request gives."""
+    os.environ.setdefault(NVML_CHECK, "1")
     import torch
     import torch._dynamo.utils  # noqa: F401  (every trial reads its counters)
     import torch._inductor.compile_fx  # noqa: F401
