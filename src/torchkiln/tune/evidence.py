@@ -134,17 +134,18 @@ def stage(fn: Any, spec: TrialSpec, timeout_s: float) -> dict[str, Any]:
         return {"status": "error", "reason": f"{type(exc).__name__}: {exc}"[:2000]}
 
 
-def model_facts(spec: TrialSpec) -> tuple[bool, bool]:
-    """(has convolutions, has repeated blocks for scope=regions)."""
-    import torch.nn as nn
-
-    from torchkiln.variants.regions import NoRepeatedBlocks, repeated_blocks
+def model_facts(spec: TrialSpec, eager: dict[str, Any] | None = None) -> tuple[bool, bool]:
+    """(has convolutions, has repeated blocks for scope=regions): as the eager baseline's trial
+    read them, else from a build of the workload in this process. The build here cost the
+    tune's critical path a model build, and the libraries it imported into kiln's own process
+    could change variables read at import (a warm-start server of their own, 15 s before the
+    first search trials of a GPT-2 tune on an H200 could start)."""
+    facts = (eager or {}).get("model_facts")
+    if facts:
+        return bool(facts["convolutional"]), bool(facts["repeated_blocks"])
+    from torchkiln.variants.regions import model_facts as facts_of
     from torchkiln.workloads import load_workload
 
     w = load_workload(spec.workload, preset=spec.preset, batch_size=spec.batch_size)
-    conv = w.convolutional or any(isinstance(m, nn.Conv2d) for m in w.model.modules())
-    try:
-        repeated_blocks(w.model)
-    except NoRepeatedBlocks:
-        return conv, False
-    return conv, True
+    facts = facts_of(w)
+    return facts["convolutional"], facts["repeated_blocks"]

@@ -287,7 +287,7 @@ def tune(
     if eager["status"] != "ok":
         raise KilnUserError(f"the eager baseline failed ({eager['status']}): {eager['reason']}")
 
-    conv, repeated = gather.model_facts(base)  # before anything runs beside this process
+    conv, repeated = gather.model_facts(base, eager)  # before anything runs beside this process
     evidence = Evidence(
         device=device,
         step=step,

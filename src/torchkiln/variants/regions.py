@@ -57,3 +57,20 @@ def repeated_blocks(model: Any) -> list[Any]:
             f"(best: {best_share:.0%}); scope=regions does not apply to this model"
         )
     return best
+
+
+def model_facts(workload: Any) -> dict[str, bool]:
+    """What the tune's plan asks of the model: convolutions (channels-last candidates) and
+    repeated blocks (regional compiles). Read by the eager baseline's trial from the model it
+    builds anyway, so that the tune's own process need not build it (nor import its libraries)."""
+    import torch.nn as nn
+
+    model = workload.model
+    conv = bool(workload.convolutional) or (
+        isinstance(model, nn.Module) and any(isinstance(m, nn.Conv2d) for m in model.modules())
+    )
+    try:
+        repeated_blocks(model)
+    except NoRepeatedBlocks:
+        return {"convolutional": conv, "repeated_blocks": False}
+    return {"convolutional": conv, "repeated_blocks": True}

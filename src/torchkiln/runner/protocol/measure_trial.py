@@ -27,6 +27,7 @@ from torchkiln.runner.protocol.settings import active_dropout
 from torchkiln.runner.protocol.trial import TrialSpec
 from torchkiln.runner.store.fixed import FixedStore, workload_key
 from torchkiln.variants import Variant, parse_variant
+from torchkiln.variants.regions import model_facts
 
 
 def warm_up(arm: Arm, timer: StepTimer, spec: TrialSpec) -> dict[str, Any]:
@@ -450,6 +451,9 @@ def measure_trial(
 
     measure = measure_replicated if spec.replicas > 1 else measure_single
     arm, first_outputs, bases = measure(spec, variant, baseline, timer, result, phases)
+    if variant.backend.name == "eager":
+        # Read here, from the build the trial made anyway, for the tune's plan.
+        result["model_facts"] = model_facts(arm.workload)
     dropout = spec.step == "train" and active_dropout(arm.model)
     store = fixed_store(fixed_dir, spec, result, arm)
 
