@@ -306,3 +306,27 @@ def test_eager_errors_stand_for_eager_outputs_in_the_check():
         assert with_errors.to_dict() == with_tensors.to_dict()
     assert corr.errors_against(eager[:1], ref) == [math.inf, math.inf]
     assert not corr.compare(eager, None, ref, eager_errors=[0.1]).passed  # structure differs
+
+
+def test_the_check_keeps_outputs_in_their_dtype_and_measures_their_error_in_fp64():
+    import math
+
+    import torch
+
+    from torchkiln.measure import correctness as corr
+
+    ref = torch.randn(64, 33, dtype=torch.float64)
+    out = (ref + 1e-2 * torch.randn_like(ref)).to(torch.bfloat16)
+    kept = corr.detach_to_cpu({"logits": out, "n": torch.arange(3)})
+    assert [t.dtype for _, t in kept] == [torch.bfloat16, torch.int64]
+    out.mul_(2)  # a copy: what the step does to its output later is not seen
+    assert not torch.equal(kept[0][1], out)
+    want = math.sqrt(((kept[0][1].double() - ref) ** 2).mean().item())
+    assert corr.rmse(kept[0][1], ref) == pytest.approx(want, rel=1e-12)
+    # Two narrow tensors are still compared in fp64, not in their own dtype.
+    a = torch.tensor([1.0, 1.0 + 2**-7], dtype=torch.bfloat16)
+    b = torch.tensor([1.0 + 2**-7, 1.0], dtype=torch.bfloat16)
+    assert corr.rmse(a, b) == pytest.approx(2**-7, rel=1e-12)
+    assert corr.rmse(torch.empty(0), torch.empty(0, dtype=torch.float64)) == math.inf
+    report = corr.compare(kept[:1], None, [("logits", ref)], eager_errors=[want])
+    assert report.passed and report.checks[0].variant_rmse == pytest.approx(want, rel=1e-12)

@@ -48,7 +48,7 @@ def capture(arm: Arm, timer: StepTimer, params_before: dict | None) -> tuple[flo
     """Time the first call and keep what the correctness check compares: the outputs for
     inference; for training the loss and each parameter's first update (SGD: -lr * grad)."""
     seconds, out = timer.time_once_s(arm.step)
-    tensors = corr.detach_to_cpu64(out)
+    tensors = corr.detach_to_cpu(out)
     if params_before is not None:
         tensors = [("loss", tensors[0][1])] + [
             (f"update.{name}", p.detach().to("cpu").double() - params_before[name])
