@@ -67,6 +67,10 @@ def test_another_machine_or_inductor_setting_is_measured_again(tmp_path, monkeyp
     monkeypatch.delenv("TORCHINDUCTOR_MAX_AUTOTUNE")
     monkeypatch.setenv("HOME_OF_SOMETHING_ELSE", "x")
     monkeypatch.setenv(inmemory.ENV, str(tmp_path / "elsewhere.pt"))
+    # Where compile caches live: each trial has its own, and Inductor writes its default here
+    # the first time this process compiles (a pick applied between two tunes).
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
     assert run.reusable(spec)[0] is not None
 
 

@@ -124,6 +124,20 @@ def test_a_built_in_workload_is_built_once_in_the_server_and_copied_by_its_trial
         assert r["flops_per_step"] == cold["flops_per_step"]
 
 
+@pytest.mark.slow
+def test_an_inference_tunes_preflight_and_trials_share_one_build(tmp_path, monkeypatch):
+    from torchkiln.runner.launch.trial_process import preflight
+
+    monkeypatch.delenv(warm.WARM_ENV, raising=False)
+    spec = TrialSpec(workload="simple", variant="eager", preset="tiny", step="infer", **FAST)
+    with warm.scoped():
+        check = preflight(spec, tmp_path / "preflight", 120)
+        trial = run_trial(spec, tmp_path / "t", timeout_s=120)
+    assert check["ok"], check
+    assert check["builds"]["built"] == 0 and check["builds"]["built_by_server"] is True
+    assert trial["start"] == "warm" and trial["builds"]["built"] == 0
+
+
 def test_only_a_built_in_trial_asks_the_server_to_build_ahead(tmp_path):
     spec = TrialSpec(workload="simple", variant="eager", preset="tiny", step="train")
     path = tmp_path / "spec.json"
@@ -131,7 +145,10 @@ def test_only_a_built_in_trial_asks_the_server_to_build_ahead(tmp_path):
     asked = warm.prebuild_request(["trial", str(path), "r", "p"])
     assert asked == {"workload": "simple", "preset": "tiny", "batch_size": None,
                      "step": "train", "seed": 0}  # fmt: skip
+    # A preflight builds for inference: it shares an inference tune's build, not a training one's.
     assert warm.prebuild_request(["preflight", str(path), "r", "p"]) is None
+    path.write_text(TrialSpec(**{**spec.__dict__, "step": "infer"}).to_json())
+    assert warm.prebuild_request(["preflight", str(path), "r", "p"])["step"] == "infer"
     path.write_text(TrialSpec(**{**spec.__dict__, "workload": f"{WL}:tiny_mlp"}).to_json())
     assert warm.prebuild_request(["trial", str(path), "r", "p"]) is None
 

@@ -215,8 +215,10 @@ def prebuild_request(argv: list[str]) -> dict[str, Any] | None:
     """What the server builds ahead for a trial (warm_server.prebuild): a built-in workload's
     spec fields, read from the trial's spec file (argv: MODE SPEC RESULT PHASE). A workload
     from a user's file is never built in the server: its factory may touch CUDA, and a server
-    that had would fork children that cannot use it."""
-    if len(argv) < 2 or argv[0] != "trial":
+    that had would fork children that cannot use it. An inference tune's preflight asks for the
+    same build its trials will (it runs a forward, so builds for inference): the workload is
+    then built once for the tune, not once more before the baseline starts."""
+    if len(argv) < 2 or argv[0] not in ("trial", "preflight"):
         return None
     import torchkiln.workloads  # noqa: F401  (registers the built-ins)
     from torchkiln.workloads.base import registry
@@ -230,6 +232,8 @@ def prebuild_request(argv: list[str]) -> dict[str, Any] | None:
     fields = ("workload", "preset", "batch_size", "step", "seed")
     if any(f not in spec for f in fields):
         return None
+    if argv[0] == "preflight" and spec["step"] != "infer":
+        return None  # it builds for inference, the trials for training: no build to share
     return {f: spec[f] for f in fields}
 
 

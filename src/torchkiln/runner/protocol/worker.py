@@ -173,14 +173,15 @@ def main(argv: list[str]) -> int:
         import torch
 
         torch.set_num_threads(spec.threads)
-    if mode == "preflight":
-        write_json(result_path, preflight(spec))
-        return 0
     from torchkiln.runner.protocol import workload_copies
-    from torchkiln.runner.protocol.measure_trial import measure_trial
-    from torchkiln.runner.store.fixed import fixed_dir_for
 
     workload_copies.activate()
+    if mode == "preflight":
+        # A copy of the warm-start server's build, where it made one (warm.prebuild_request).
+        write_json(result_path, {**preflight(spec), "builds": workload_copies.record()})
+        return 0
+    from torchkiln.runner.protocol.measure_trial import measure_trial
+    from torchkiln.runner.store.fixed import fixed_dir_for
 
     # From the launch to here (the interpreter and kiln's imports), less the wait for the host;
     # the trial's "start" phase (torch's import) is added below.

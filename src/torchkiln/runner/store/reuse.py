@@ -71,8 +71,17 @@ def _module_file(module: str) -> Path | None:
 # trial (a caller may set them between runs), not cached.
 SETTING_PREFIXES = ("TORCHINDUCTOR_", "TORCH_", "TRITON_", "OMP_", "MKL_", "CUDA_", "KILN_")
 # Covered otherwise: kiln's sha is in the record, an in-memory model's bytes in the spec; where
-# results are also stored (the history) changes nothing measured.
-NOT_SETTINGS = ("KILN_GIT_SHA", "KILN_INMEMORY_PATH", "KILN_HISTORY")
+# results are also stored (the history) changes nothing measured, nor where the compile caches
+# are: each trial gets caches of its own (trial_process.trial_env), and Inductor writes its
+# default cache directory into this process's environment the first time it compiles here (a
+# tune's pick applied in the caller's process then kept the next tune from reusing its trials).
+NOT_SETTINGS = (
+    "KILN_GIT_SHA",
+    "KILN_INMEMORY_PATH",
+    "KILN_HISTORY",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "TRITON_CACHE_DIR",
+)
 
 
 def settings_env() -> dict[str, str]:
