@@ -136,7 +136,8 @@ def _group(name: str) -> str:
 
 
 def _rms(tensors: list[tuple[str, Any]]) -> tuple[list[float], dict[str, float]]:
-    """Each tensor's RMS (0 for one not floating) and each group's, from one pass over each."""
+    """Each tensor's RMS (0 for one not floating, NaN for an empty one, as the mean of nothing
+    is) and each group's, from one pass over each tensor."""
     sums: dict[str, list[float]] = {}
     own = []
     for name, t in tensors:
