@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from torchkiln.runner.protocol.trial import TrialSpec, base_result
+from torchkiln.runner.protocol.trial import PREPAY, TrialSpec, base_result
 from torchkiln.runner.store.fixed import FixedStore, fixed_dir_for, workload_key
 
 FAST = {"reps": 3, "rep_ms": 5.0, "warmup_s": 0.0, "warmup_steps": 1, "min_reps": 3}
@@ -22,6 +22,34 @@ def mlp(batch_size=None):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
     return model, (torch.randn(batch_size or 4, 8),)
+
+
+def cnn(batch_size=None):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2))
+    return model, (torch.randn(batch_size or 2, 3, 8, 8),)
+
+
+# Writes a variable into the process as it runs, as a compile writes Inductor's default cache
+# directory or the path of its bundled ptxas.
+class WritesTheEnvironment(nn.Module):
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 4)
+        self.calls = 0
+
+    def forward(self, x):
+        import os
+
+        self.calls += 1
+        os.environ["TORCH_WRITTEN_AS_IT_RUNS"] = str(self.calls)
+        return self.linear(x)
+
+
+def writer(batch_size=None):
+    torch.manual_seed(0)
+    return WritesTheEnvironment(), (torch.randn(batch_size or 4, 8),)
 """
 
 
@@ -32,13 +60,15 @@ def workload(tmp_path: Path) -> Path:
     return path
 
 
-def measure(workload: Path, fixed: Path, variant: str = "eager+bf16", **fields) -> dict:
+def measure(
+    workload: Path, fixed: Path, variant: str = "eager+bf16", factory: str = "mlp", **fields
+) -> dict:
     """One trial in-process (the worker's path, less the process), sharing ``fixed``."""
     from torchkiln.runner.protocol.measure_trial import measure_trial
     from torchkiln.runner.protocol.worker import Phases
 
     spec = TrialSpec(
-        workload=f"{workload}:mlp",
+        workload=f"{workload}:{factory}",
         variant=variant,
         count_kernels=False,
         bracket=False,
@@ -134,3 +164,81 @@ def test_a_stored_reference_made_for_another_key_is_recomputed(workload, tmp_pat
 def test_the_store_lives_in_the_run_directory_of_a_trial(tmp_path):
     assert fixed_dir_for(tmp_path / "run" / "trials" / "01-eager") == tmp_path / "run" / "fixed"
     assert fixed_dir_for(tmp_path / "elsewhere") is None
+
+
+def test_a_tunes_baseline_pays_the_searchs_fixed_costs_ahead(workload, tmp_path):
+    fixed = tmp_path / "run" / "fixed"
+    pairs = [["bf16", False], ["bf16", True], ["fp32", True]]
+    base = measure(workload, fixed, variant="eager", extra={PREPAY: pairs})
+    # Its own first; then bf16's; channels-last only for a model with convolutions.
+    assert base["fixed_costs"] == {**COMPUTED, "paid_ahead": [["bf16", False]]}
+    assert measure(workload, fixed)["fixed_costs"] == REUSED  # eager+bf16 computes nothing
+    conv = measure(workload, fixed, variant="eager", factory="cnn", extra={PREPAY: pairs})
+    assert conv["fixed_costs"]["paid_ahead"] == pairs
+    for variant in ("eager+bf16", "eager+channels_last", "eager+bf16+channels_last"):
+        assert measure(workload, fixed, variant=variant, factory="cnn")["fixed_costs"] == REUSED
+    # The same values as a trial computes for itself.
+    alone = measure(workload, tmp_path / "other" / "fixed", variant="eager+bf16", factory="cnn")
+    paid = measure(workload, fixed, variant="eager+bf16", factory="cnn")
+    assert paid["flops_per_step"] == alone["flops_per_step"]
+    assert paid["correctness"] == alone["correctness"]
+
+
+def test_without_a_store_nothing_is_paid_ahead(workload):
+    base = measure(workload, None, variant="eager", extra={PREPAY: [["bf16", False]]})
+    assert "paid_ahead" not in base["fixed_costs"]
+    assert base["fixed_costs"]["computed"] == ["flops", "fp64_reference", "eager_error"]
+
+
+def test_variables_written_as_the_trial_runs_do_not_key_the_store_apart(
+    workload, tmp_path, monkeypatch
+):
+    fixed = tmp_path / "run" / "fixed"
+    monkeypatch.delenv("TORCH_WRITTEN_AS_IT_RUNS", raising=False)
+    first = measure(workload, fixed, factory="writer")
+    assert first["fixed_costs"] == COMPUTED
+    # Launched as the first was: without the variable, which its own steps write again.
+    monkeypatch.delenv("TORCH_WRITTEN_AS_IT_RUNS")
+    assert measure(workload, fixed, factory="writer")["fixed_costs"] == REUSED
+
+
+def _store_in_process(root: str, log: str, out: str) -> None:
+    import json
+
+    from torchkiln.runner.store.fixed import FixedStore
+
+    store = FixedStore(Path(root), {"workload": "w"})
+    value = store.get_or_compute("flops", {"precision": "fp32"}, lambda: _slow(log))
+    Path(out).write_text(json.dumps({"value": value, **store.record()}))
+
+
+def _slow(log: str) -> int:
+    import time
+
+    with open(log, "a") as f:
+        f.write("computed\n")
+    time.sleep(1.0)  # long enough for the other process to ask while this one computes
+    return 42
+
+
+def test_trials_in_flight_together_compute_a_value_once(tmp_path):
+    import json
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    log = tmp_path / "log"
+    outs = [tmp_path / f"out{i}.json" for i in range(2)]
+    procs = [
+        ctx.Process(target=_store_in_process, args=(str(tmp_path / "fixed"), str(log), str(o)))
+        for o in outs
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    assert log.read_text().splitlines() == ["computed"]
+    docs = [json.loads(o.read_text()) for o in outs]
+    assert [d["value"] for d in docs] == [42, 42]
+    assert sorted(d["computed"] + d["reused"] for d in docs) == [["flops"], ["flops"]]
+    assert sorted(len(d["computed"]) for d in docs) == [0, 1]

@@ -42,6 +42,17 @@ def test_another_device_or_setting_is_measured_again_and_says_why(tmp_path):
     assert done is None and "reps 15 -> 30" in why and "batch_size None -> 8" in why
 
 
+def test_a_baseline_is_reused_whatever_fixed_costs_it_paid_for_its_search(tmp_path):
+    from torchkiln.runner.protocol.trial import PREPAY
+
+    spec = TrialSpec(workload="simple", variant="eager", extra={PREPAY: [["bf16", False]]})
+    run = _saved(tmp_path, spec)
+    wider = replace(spec, extra={PREPAY: [["bf16", False], ["fp16", False]]})
+    assert run.reusable(wider) == ({"id": spec.id, "status": "ok"}, None)
+    done, why = run.reusable(replace(spec, extra={**spec.extra, "other": 1}))
+    assert done is None and "other" in why
+
+
 def test_another_kiln_or_torch_is_measured_again(tmp_path, monkeypatch):
     spec = TrialSpec(workload="simple", variant="eager", device="cpu")
     run = _saved(tmp_path, spec)

@@ -13,8 +13,10 @@ from torchkiln.tune import evidence, pipeline
 GIVEN = ["eager", "eager+bf16", "inductor", "inductor:mode=max-autotune-no-cudagraphs", "inductor"]
 
 
-def _tune(tmp_path, monkeypatch, gpus: list, variants: list[str]) -> dict:
+def _tune(tmp_path, monkeypatch, gpus: list, variants: list[str], specs=None) -> dict:
     def fake_run_trial(spec, trial_dir, **_):
+        if specs is not None:
+            specs.append(spec)
         speedup = 1.0 if spec.variant == "eager" else 1.5 + 0.1 * spec.index
         result = _trial(spec.variant, 10.0 / speedup, speedup, 0.0 if spec.index == 0 else 2.0)
         result.update(id=spec.id, baseline=spec.baseline, process_wall_s=0.5)
@@ -48,6 +50,15 @@ def test_a_given_plan_is_measured_as_given(tmp_path, monkeypatch, gpus):
         assert doc["stages"][key]["status"] == "skipped"
         assert "variants=" in doc["stages"][key]["reason"]
     assert doc["selection"]["best"] in expected
+
+
+def test_the_baseline_pays_the_fixed_costs_of_the_given_precisions(tmp_path, monkeypatch):
+    from torchkiln.runner.protocol.trial import PREPAY
+
+    specs = []
+    _tune(tmp_path, monkeypatch, [None], GIVEN, specs)
+    assert specs[0].variant == "eager" and specs[0].extra[PREPAY] == [["bf16", False]]
+    assert all(PREPAY not in s.extra for s in specs[1:])
 
 
 def test_a_bad_or_empty_given_plan_stops_before_anything_runs(tmp_path):

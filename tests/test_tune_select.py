@@ -211,6 +211,44 @@ def test_estimates_learn_from_measured_compile_times():
     assert est(slow) == 10.0 + 5.0 * 4.0
 
 
+def test_the_baseline_s_wall_as_a_yardstick_leaves_out_what_it_paid_for_the_others():
+    from torchkiln.tune.limits import trial_wall_s
+
+    assert trial_wall_s({"process_wall_s": 28.0, "phase_s": {"fixed_costs": 3.0}}) == 25.0
+    assert trial_wall_s({"process_wall_s": 28.0, "phase_s": {"flops": 3.0}}) == 28.0
+
+
+@pytest.mark.parametrize(
+    "device, allowed, conv, expected",
+    [
+        # The plan's precisions; channels-last at fp32 and the lead precision.
+        ("cuda", {"bf16"}, True, [["bf16", False], ["bf16", True], ["fp32", True]]),
+        ("cuda", {"bf16", "tf32"}, True,
+         [["bf16", False], ["bf16", True], ["fp32", True], ["tf32", False]]),
+        ("cuda", set(), False, [["fp32", True]]),
+        ("cpu", {"bf16"}, True, [["bf16", False], ["fp32", True]]),  # no lead on the CPU
+    ],
+)  # fmt: skip
+def test_the_fixed_cost_pairs_cover_every_candidate_the_plan_has(device, allowed, conv, expected):
+    from torchkiln.tune.search import fixed_cost_pairs
+    from torchkiln.variants import parse_variant
+
+    pairs = fixed_cost_pairs(device, allowed)
+    assert pairs == expected
+    ev = Evidence(device=device, step="infer", convolutional=conv, allow_precision=allowed)
+    planned = {
+        (v.precision, v.channels_last) for v in map(parse_variant, (c.spec for c in candidates(ev)))
+    }
+    assert planned - {("fp32", False)} <= {tuple(p) for p in pairs}
+
+
+def test_a_given_plan_s_fixed_cost_pairs_are_its_own():
+    from torchkiln.tune.search import fixed_cost_pairs, given_plan
+
+    given = given_plan(["eager+bf16", "inductor", "inductor:mode=max-autotune+bf16+channels_last"])
+    assert fixed_cost_pairs("cuda", {"bf16", "fp16"}, given) == [["bf16", False], ["bf16", True]]
+
+
 # On the H200 (kiln d08ad43), resnet50 infer bf16: reduce-overhead ran 1.80 ms and max-autotune
 # 3.48 ms, but their speedups over eager (host-bound, 4.96 and 9.54 ms in their trials) read
 # 2.75x and 2.71x. Cross-trial speedups cannot separate them; a head-to-head trial can.

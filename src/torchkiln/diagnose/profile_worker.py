@@ -133,7 +133,7 @@ def count_flops(arm: Any, spec: Any, variant: Any) -> int:
     counted as is; a compiled one is rebuilt in eager."""
     from torchkiln.measure.flops import count_flops as count
     from torchkiln.runner.protocol.executable import build_arm
-    from torchkiln.runner.protocol.measure_trial import reference_variant
+    from torchkiln.runner.protocol.references import reference_variant
 
     if variant.backend.name != "eager":
         arm = build_arm(spec, reference_variant(variant))

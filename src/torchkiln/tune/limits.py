@@ -88,6 +88,13 @@ def _h2h_arm_s(r: dict[str, Any]) -> float:
     return max(1.0, float(r.get("process_wall_s") or 0.0) - spared)
 
 
+def trial_wall_s(r: dict[str, Any]) -> float:
+    """A trial's process seconds as a yardstick for the others': less the fixed costs it paid
+    for them (the baseline's `fixed_costs` phase, runner.protocol.references.prepay)."""
+    paid = float((r.get("phase_s") or {}).get("fixed_costs") or 0.0)
+    return max(1.0, float(r.get("process_wall_s") or 30.0) - paid)
+
+
 # A trial process's start-up: interpreter and imports (process time not in the worker's wall
 # time), then the phases before the first build.
 START_PHASES = ("start", "environment", "setup")
@@ -147,7 +154,7 @@ def head_to_head_reserve(
             need = 2 * max(measured)
         else:
             base = eager or next((r for r in results if r.get("variant") == "eager"), {})
-            need = 4 * float(base.get("process_wall_s") or 30.0)
+            need = 4 * trial_wall_s(base)
     return min(need, H2H_RESERVE_SHARE * budget_s)
 
 

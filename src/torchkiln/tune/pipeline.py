@@ -25,7 +25,7 @@ from torchkiln.runner.launch.concurrency import search_slots
 from torchkiln.runner.launch.host_lock import host_turns, remove_lock_files, set_compile_slots
 from torchkiln.runner.launch.orphan import stop_trials, trials_may_run
 from torchkiln.runner.launch.trial_process import preflight, run_trial
-from torchkiln.runner.protocol.trial import TrialSpec, base_result
+from torchkiln.runner.protocol.trial import PREPAY, TrialSpec, base_result
 from torchkiln.runner.protocol.worker import write_json
 from torchkiln.runner.store.rundir import RunDir
 from torchkiln.tune import evidence as gather
@@ -41,6 +41,7 @@ from torchkiln.tune.limits import (
     search_limits,
     search_room,
     stop_note,
+    trial_wall_s,
 )
 from torchkiln.tune.queue import SearchQueue
 from torchkiln.tune.results_header import results_header
@@ -49,6 +50,7 @@ from torchkiln.tune.search import (
     Evidence,
     after_diagnosis,
     candidates,
+    fixed_cost_pairs,
     given_plan,
     refinements,
     without_fullgraph,
@@ -282,7 +284,10 @@ def tune(
         events.trial_done(done, left())
         return done
 
-    eager = run_one(replace(base, index=0))
+    # The baseline also pays the fixed costs (references, FLOPs) of the precisions and layouts
+    # the search measures at, once, before trials run side by side (references.prepay).
+    pairs = fixed_cost_pairs(device, set(allow_precision), given)
+    eager = run_one(replace(base, index=0, extra={**base.extra, PREPAY: pairs}))
     results.append(eager)
     if eager["status"] != "ok":
         raise KilnUserError(f"the eager baseline failed ({eager['status']}): {eager['reason']}")
@@ -361,7 +366,7 @@ def tune(
         stages["search"]["before_diagnosis"] = {"planned": [c.spec for c in plan]}
 
     # Estimates are updated from what each trial really took.
-    estimate = Estimator(float(eager.get("process_wall_s") or 30.0))
+    estimate = Estimator(trial_wall_s(eager))
     stages["search"]["in_flight"] = {"trials": len(slots), "why": in_flight}
     if compiles:
         stages["search"]["in_flight"]["compiles"] = compiles

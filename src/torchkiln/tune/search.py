@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from torchkiln.variants import parse_variant
 from torchkiln.variants.base import backends
@@ -304,6 +305,25 @@ def without_fullgraph(spec: str) -> str | None:
 
 
 GIVEN_WHY = "given (variants=)"
+
+
+def fixed_cost_pairs(
+    device: str, allow_precision: set[str], given: list[Candidate] | None = None
+) -> list[list[Any]]:
+    """The [precision, channels_last] pairs the search's candidates are judged and counted at
+    (the tune's baseline trial pays their fixed costs ahead: runner.protocol.references.prepay):
+    a given plan's own; else every allowed precision, and channels-last at fp32 and the lead
+    precision (what `candidates` plans for a convolutional model; the trial drops them for
+    another). fp32 contiguous is the baseline's own."""
+    if given is not None:
+        pairs = {(v.precision, v.channels_last) for v in (parse_variant(c.spec) for c in given)}
+    else:
+        ev = Evidence(device=device, step="infer", allow_precision=set(allow_precision))
+        lead = lead_precision(ev)
+        pairs = {(p, False) for p in ("bf16", "tf32", "fp16") if p in allow_precision}
+        pairs |= {("fp32", True)} | ({(lead, True)} if lead else set())
+    pairs.discard(("fp32", False))
+    return [[p, cl] for p, cl in sorted(pairs)]
 
 
 def given_plan(specs: list[str]) -> list[Candidate]:

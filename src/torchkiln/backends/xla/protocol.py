@@ -19,7 +19,8 @@ from torchkiln.measure.kernels import kernels_per_step
 from torchkiln.measure.stats import summarize, unpaired_speedup
 from torchkiln.measure.timer import StepTimer, calibrate_steps
 from torchkiln.runner.protocol.executable import build_arm
-from torchkiln.runner.protocol.measure_trial import (
+from torchkiln.runner.protocol.measure_trial import variant_alone, warm_up
+from torchkiln.runner.protocol.references import (
     DROPOUT_NOTE,
     achieved_tflops,
     apply_correctness,
@@ -27,8 +28,6 @@ from torchkiln.runner.protocol.measure_trial import (
     judge,
     no_dropout_first,
     reference_tensors,
-    variant_alone,
-    warm_up,
 )
 from torchkiln.runner.protocol.settings import active_dropout
 from torchkiln.runner.protocol.trial import TrialSpec

@@ -12,20 +12,27 @@ import time
 from pathlib import Path
 from typing import Any
 
-from torchkiln.measure import correctness as corr
 from torchkiln.measure import host_load
 from torchkiln.measure.environment import collect as collect_environment
-from torchkiln.measure.flops import count_flops, peak_tflops
 from torchkiln.measure.kernels import kernels_per_step
 from torchkiln.measure.memory import MemoryTracker
 from torchkiln.measure.stats import paired_speedup, summarize
 from torchkiln.measure.stopping import StopRule
 from torchkiln.measure.timer import StepTimer, calibrate_steps, time_round_robin
 from torchkiln.runner.protocol.executable import Arm, build_arm
+from torchkiln.runner.protocol.references import (
+    apply_correctness,
+    capture,
+    check_correctness,
+    flops_and_peak,
+    prepay,
+    snapshot,
+)
 from torchkiln.runner.protocol.replicas import build_order, replicas_record, replicated_speedup
 from torchkiln.runner.protocol.settings import active_dropout
-from torchkiln.runner.protocol.trial import TrialSpec
+from torchkiln.runner.protocol.trial import PREPAY, TrialSpec
 from torchkiln.runner.store.fixed import FixedStore, workload_key
+from torchkiln.runner.store.reuse import settings_env
 from torchkiln.variants import Variant, parse_variant
 from torchkiln.variants.regions import model_facts
 
@@ -44,31 +51,6 @@ def warm_up(arm: Arm, timer: StepTimer, spec: TrialSpec) -> dict[str, Any]:
     return {"steps": steps, "seconds": time.perf_counter() - t0, "last_ms": times[-3:]}
 
 
-def capture(arm: Arm, timer: StepTimer, params_before: dict | None) -> tuple[float, list]:
-    """Time the first call and keep what the correctness check compares: the outputs for
-    inference; for training the loss and each parameter's first update (SGD: -lr * grad)."""
-    seconds, out = timer.time_once_s(arm.step)
-    tensors = corr.detach_to_cpu(out)
-    if params_before is not None:
-        tensors = [("loss", tensors[0][1])] + [
-            (f"update.{name}", p.detach().to("cpu").double() - params_before[name])
-            for name, p in arm.model.named_parameters()
-            if name in params_before
-        ]
-    return seconds, tensors
-
-
-def snapshot(arm: Arm) -> dict | None:
-    if arm.workload.step != "train":
-        return None
-    # Kept on the host so the snapshot does not inflate the device memory being measured.
-    return {
-        n: p.detach().to("cpu", copy=True).double()
-        for n, p in arm.model.named_parameters()
-        if p.requires_grad
-    }
-
-
 def dynamo_counters() -> dict[str, Any]:
     from torch._dynamo.utils import counters
 
@@ -85,133 +67,6 @@ def dynamo_counters() -> dict[str, Any]:
             "autograd": int(counters["aot_autograd"].get("autograd_cache_hit", 0)),
         },
     }
-
-
-def reference_variant(variant: Variant) -> Variant:
-    """Eager at the variant's own precision and layout: what the error is judged against."""
-    return Variant(
-        backend=parse_variant("eager").backend,
-        precision=variant.precision,
-        channels_last=variant.channels_last,
-    )
-
-
-def reference_tensors(
-    spec: TrialSpec, variant: Variant, dropout: bool, phases, store: FixedStore | None = None
-) -> list:
-    """What the variant's first call is judged against: eager's error at its precision and
-    layout (per tensor, against fp64), then the fp64 outputs; each the same for every variant
-    of the workload that shares them: computed once per run directory (runner.store.fixed).
-    Eager's error is kept rather than its outputs: a trial then loads one set of outputs, not
-    two (GPT-2 small's logits at 8 x 512 are 1.6 GB in fp64; loading and comparing two such
-    sets took 4-9 s of a trial's correctness check on an H200 host)."""
-    phases("correctness")
-    timer = StepTimer(spec.device)
-
-    def first_call(ref_variant: Variant, fp64: bool) -> list:
-        arm = build_arm(spec, ref_variant, fp64=fp64, no_dropout=dropout)
-        _, tensors = capture(arm, timer, snapshot(arm))
-        return tensors
-
-    store = store or FixedStore(None, None)  # no store: computed here
-    fp64 = store.get_or_compute(
-        "fp64_reference", {"no_dropout": dropout}, lambda: first_call(parse_variant("eager"), True)
-    )
-    ref = reference_variant(variant)
-    eager_errors = store.get_or_compute(
-        "eager_error",
-        {"precision": ref.precision, "channels_last": ref.channels_last, "no_dropout": dropout},
-        lambda: corr.errors_against(first_call(ref, False), fp64),
-    )
-    return [eager_errors, fp64]
-
-
-def no_dropout_first(spec: TrialSpec, variant: Variant, phases) -> list:
-    """Dropout masks differ between eager and compiled RNG, so the check uses a second
-    instance with p=0 (its compile is not timed)."""
-    phases("correctness_compile")
-    arm = build_arm(spec, variant, no_dropout=True)
-    _, first = capture(arm, StepTimer(spec.device), snapshot(arm))
-    del arm
-    return first
-
-
-DROPOUT_NOTE = "dropout set to p=0 for the check (a second instance, compiled apart)"
-
-
-def judge(variant: Variant, first: list, refs: list, note: str) -> dict[str, Any]:
-    multiplier, floor = corr.TOLERANCES[variant.precision]
-    report = corr.compare(
-        first, None, refs[1], multiplier=multiplier, relative_floor=floor, eager_errors=refs[0]
-    )
-    report.note = note
-    return report.to_dict()
-
-
-def check_correctness(
-    spec: TrialSpec, variant: Variant, first: list, dropout: bool, phases, store: FixedStore
-) -> dict[str, Any]:
-    if dropout:
-        first = no_dropout_first(spec, variant, phases)
-    refs = reference_tensors(spec, variant, dropout, phases, store)
-    return judge(variant, first, refs, DROPOUT_NOTE if dropout else "")
-
-
-def apply_correctness(
-    result: dict[str, Any], report: dict[str, Any] | None, why_unchecked: str = "--no-check"
-) -> bool:
-    """Record the check; False (and status accuracy_fail with the reason) when it failed."""
-    if report is None:
-        result["correctness"] = None
-        result["notes"].append(f"correctness check skipped ({why_unchecked})")
-        return True
-    result["correctness"] = report
-    if report["passed"]:
-        return True
-    result["status"] = "accuracy_fail"
-    worst = report["worst_error_over_threshold"]
-    shown = f"error {worst:.3g}x the allowed threshold" if worst else None
-    result["reason"] = shown or report["note"] or "outputs differ"
-    return False
-
-
-def count_reference_flops(spec: TrialSpec, variant: Variant) -> int:
-    flop_arm = build_arm(spec, reference_variant(variant))
-    flop_arm.step()  # a first step outside the counter: lazy init must not be counted
-    return count_flops(flop_arm.step)
-
-
-def flops_and_peak(
-    spec: TrialSpec,
-    variant: Variant,
-    result: dict[str, Any],
-    phases,
-    store: FixedStore | None = None,
-) -> None:
-    """FLOPs of the math (counted on eager at the variant's precision and layout, the same for
-    every variant that shares them: counted once per run directory) and % of peak; the
-    achieved rate needs result["steady_ms"]."""
-    phases("flops")
-    ref = reference_variant(variant)
-    store = store or FixedStore(None, None)  # no store: counted here
-    result["flops_per_step"] = store.get_or_compute(
-        "flops",
-        {"precision": ref.precision, "channels_last": ref.channels_last},
-        lambda: count_reference_flops(spec, variant),
-    )
-    gpu = result["environment"].get("gpu") or {}
-    peak, source = peak_tflops(gpu.get("name"), variant.precision)
-    result["peak_tflops"] = peak
-    result["peak_source"] = source
-    achieved_tflops(result)
-
-
-def achieved_tflops(result: dict[str, Any]) -> None:
-    flops, peak = result.get("flops_per_step"), result.get("peak_tflops")
-    steady = result.get("steady_ms")
-    achieved = flops / (steady["median"] * 1e-3) / 1e12 if flops and steady else None
-    result["achieved_tflops"] = achieved
-    result["pct_of_peak"] = 100.0 * achieved / peak if achieved and peak else None
 
 
 def variant_alone(
@@ -402,13 +257,15 @@ def measure_replicated(
 
 
 def fixed_store(
-    fixed_dir: Path | None, spec: TrialSpec, result: dict[str, Any], arm: Arm
+    fixed_dir: Path | None, spec: TrialSpec, result: dict[str, Any], arm: Arm, env: dict
 ) -> FixedStore:
-    """Where this trial finds and leaves its workload's fixed costs (runner.store.fixed)."""
+    """Where this trial finds and leaves its workload's fixed costs (runner.store.fixed);
+    ``env``: the settings the trial started with."""
     if fixed_dir is None:
         return FixedStore(None, None)
     gpu = result["environment"].get("gpu") or {}
-    return FixedStore(fixed_dir, workload_key(spec, gpu.get("name"), arm.workload.example_inputs))
+    inputs = arm.workload.example_inputs
+    return FixedStore(fixed_dir, workload_key(spec, gpu.get("name"), inputs, env))
 
 
 def measure_trial(
@@ -418,6 +275,11 @@ def measure_trial(
     computes them all in this trial."""
     import torch
 
+    # The settings as launched: a compile writes variables of its own into the process
+    # (Inductor's default cache directory, the path of its bundled ptxas), which must not key
+    # the store apart. On an H200 host a reduce-overhead trial's key differed from its
+    # neighbours' this way and it computed GPT-2's 1.6 GB fp64 reference again (commit dc32300).
+    launch_env = settings_env()
     variant = parse_variant(spec.variant)
     baseline = parse_variant(spec.baseline)
     result["variant"] = variant.spec
@@ -451,11 +313,12 @@ def measure_trial(
 
     measure = measure_replicated if spec.replicas > 1 else measure_single
     arm, first_outputs, bases = measure(spec, variant, baseline, timer, result, phases)
-    if variant.backend.name == "eager":
+    facts = model_facts(arm.workload) if variant.backend.name == "eager" else None
+    if facts is not None:
         # Read here, from the build the trial made anyway, for the tune's plan.
-        result["model_facts"] = model_facts(arm.workload)
+        result["model_facts"] = facts
     dropout = spec.step == "train" and active_dropout(arm.model)
-    store = fixed_store(fixed_dir, spec, result, arm)
+    store = fixed_store(fixed_dir, spec, result, arm, launch_env)
 
     # 4. Kernels per step (profiler; CUDA only).
     if spec.count_kernels:
@@ -481,6 +344,33 @@ def measure_trial(
         else None
     )
     result["fixed_costs"] = store.record()
-    result["notes"].extend(store.notes)
     if apply_correctness(result, report, spec.extra.get("unchecked_because", "--no-check")):
         result["status"] = "ok"
+        # 7. A tune's baseline trial: the fixed costs of the precisions and layouts the search
+        # will measure at, paid here once instead of by each of its trials.
+        if facts is not None and spec.extra.get(PREPAY) and store.shared:
+            pay_ahead(spec, variant, dropout, store, facts["convolutional"], result, phases)
+    result["notes"].extend(store.notes)
+
+
+def pay_ahead(
+    spec: TrialSpec,
+    own: Variant,
+    dropout: bool,
+    store: FixedStore,
+    convolutional: bool,
+    result: dict[str, Any],
+    phases,
+) -> None:
+    """references.prepay in its own phase (`fixed_costs`), recorded in ``fixed_costs.paid_ahead``;
+    a failure there is a note (each trial then computes its own), never the baseline's status."""
+    phases("fixed_costs")
+    try:
+        paid = prepay(spec, own, dropout, store, convolutional)
+    except Exception as exc:  # noqa: BLE001  (the baseline stands; its neighbours pay their own)
+        result["notes"].append(
+            f"the fixed costs of the search's precisions were not computed ahead "
+            f"({type(exc).__name__}: {exc}); each trial computes its own"
+        )
+        return
+    result["fixed_costs"]["paid_ahead"] = paid

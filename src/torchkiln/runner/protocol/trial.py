@@ -20,6 +20,11 @@ STATUSES = (
     "unsupported",
 )
 
+# In a tune's baseline trial's `extra`: the [precision, channels_last] pairs the search's trials
+# are judged and counted at. The baseline pays their fixed costs (references.prepay), alone on
+# the device before the search, instead of each search trial paying them beside the others.
+PREPAY = "fixed_costs_for"
+
 
 @dataclass
 class TrialSpec:

@@ -25,7 +25,7 @@ from typing import Any
 
 import torchkiln
 from torchkiln.measure.environment import git_sha
-from torchkiln.runner.protocol.trial import TrialSpec
+from torchkiln.runner.protocol.trial import PREPAY, TrialSpec
 
 
 @functools.lru_cache(maxsize=1)
@@ -94,9 +94,13 @@ def settings_env() -> dict[str, str]:
 
 
 def fingerprint(spec: TrialSpec) -> dict[str, Any]:
-    """What a result must have been measured with to be reused for ``spec``."""
+    """What a result must have been measured with to be reused for ``spec``. The fixed costs a
+    baseline pays ahead for the search (PREPAY) are not part of what it measures: a baseline
+    reused by a tune that allows other precisions leaves those to the trials that need them."""
+    data = asdict(spec)
+    data["extra"] = {k: v for k, v in data["extra"].items() if k != PREPAY}
     return {
-        "spec": asdict(spec),
+        "spec": data,
         **_installed(),
         "host": platform.node(),
         "env": settings_env(),
