@@ -173,18 +173,31 @@ def serve(path: str) -> None:
                 sock.close()
 
 
-def forks_can_use_cuda() -> bool:
-    """Whether a child forked now could initialise CUDA: torch marks the children of a process
-    that has counted its devices (torch.cuda.is_available, device_count) as unable to. Asked of
-    a real child, so that whatever version of torch or of a library did the counting, the server
-    finds out before it forks a trial that would fail."""
+def forks_are_marked() -> bool:
+    """Whether a child forked now is marked unable to initialise CUDA: torch marks the children
+    of a process that has counted its devices through the CUDA runtime (torch.cuda.is_available,
+    device_count). Asked of a real child, so that whatever version of torch or of a library did
+    the counting, the server finds out before it forks a trial."""
     import torch
 
     pid = os.fork()
     if pid == 0:
         os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
     _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status) == 0
+    return os.waitstatus_to_exitcode(status) != 0
+
+
+def forks_can_use_cuda() -> bool:
+    """Whether a child forked now can use CUDA as well as this process could: its forks are not
+    marked, or they are but the count found no device, so they lose nothing. The second is a
+    host without a GPU driver under torch 2.11: the NVML check cannot start NVML there and falls
+    back to counting through the runtime (on a 2-core CPU host every warm-start server stopped,
+    and every trial started cold). Counting again here marks nothing more: the forks already are."""
+    if not forks_are_marked():
+        return True
+    import torch
+
+    return torch.cuda.device_count() == 0
 
 
 def preload():
