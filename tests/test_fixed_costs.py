@@ -90,6 +90,8 @@ def test_the_second_trial_of_a_workload_reuses_the_reference_and_the_flops(workl
     second = measure(workload, fixed)
     assert first["fixed_costs"] == COMPUTED
     assert second["fixed_costs"] == REUSED
+    assert first["fixed_store"] == second["fixed_store"]  # the folder both used
+    assert (fixed / first["fixed_store"]).is_dir()
     # The check reads the same reference, so it reports what the first trial's check did.
     assert second["correctness"] == first["correctness"]
     assert second["flops_per_step"] == first["flops_per_step"] > 0
@@ -186,7 +188,7 @@ def test_a_tunes_baseline_pays_the_searchs_fixed_costs_ahead(workload, tmp_path)
 
 def test_without_a_store_nothing_is_paid_ahead(workload):
     base = measure(workload, None, variant="eager", extra={PREPAY: [["bf16", False]]})
-    assert "paid_ahead" not in base["fixed_costs"]
+    assert "paid_ahead" not in base["fixed_costs"] and "fixed_store" not in base
     assert base["fixed_costs"]["computed"] == ["flops", "fp64_reference", "eager_error"]
 
 

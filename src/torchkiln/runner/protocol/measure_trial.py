@@ -278,7 +278,8 @@ def measure_trial(
     # The settings as launched: a compile writes variables of its own into the process
     # (Inductor's default cache directory, the path of its bundled ptxas), which must not key
     # the store apart. On an H200 host a reduce-overhead trial's key differed from its
-    # neighbours' this way and it computed GPT-2's 1.6 GB fp64 reference again (commit dc32300).
+    # neighbours' (a variable so written is the likeliest difference) and it computed GPT-2's
+    # 1.6 GB fp64 reference again (commit dc32300).
     launch_env = settings_env()
     variant = parse_variant(spec.variant)
     baseline = parse_variant(spec.baseline)
@@ -319,6 +320,9 @@ def measure_trial(
         result["model_facts"] = facts
     dropout = spec.step == "train" and active_dropout(arm.model)
     store = fixed_store(fixed_dir, spec, result, arm, launch_env)
+    if store.dir is not None:
+        # Trials of one workload share a store only under one key: its digest shows a split.
+        result["fixed_store"] = store.dir.name
 
     # 4. Kernels per step (profiler; CUDA only).
     if spec.count_kernels:
