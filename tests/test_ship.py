@@ -522,6 +522,19 @@ def test_a_precompiled_function_is_loaded_with_the_builtins_its_code_names():
     assert g["__name__"] == aot_entry.__name__  # the module's own names win over the builtins'
 
 
+def test_the_function_compiled_ahead_of_time_starts_from_a_namespace_with_the_builtins():
+    """torch checks, where it compiles, that every global the rewritten code reads is in the
+    compiled function's own namespace: the builtins are there by name, as in the loader's."""
+    import builtins
+
+    from torchkiln.variants import aot_entry
+
+    space = aot_entry.call_module.__globals__
+    for name in ("type", "isinstance", "getattr", "len", "tuple", "dict"):
+        assert space[name] is getattr(builtins, name)
+    assert space["__name__"] == aot_entry.__name__
+
+
 def test_other_versions_of_the_models_packages_do_not_fit():
     import torch
 

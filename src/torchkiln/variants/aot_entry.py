@@ -5,10 +5,15 @@ Compiling ``call_module`` rather than ``type(model).forward`` keeps the saved fu
 nameable in another process when the class's forward is decorated (transformers wraps GPT-2's:
 pickling the inner function failed, "not the same object as GPT2LMHeadModel.forward"), and runs
 the module's hooks as a call does. Dynamo installs the globals the compiled code reads into
-this module's namespace, which a loading process passes back as ``f_globals``."""
+this module's namespace, which a loading process passes back as ``f_globals``.
+
+The builtins are bound here by name too: torch 2.11 checks, when it compiles, that every global
+the rewritten code reads is in the function's own namespace, builtins included, and refused
+GPT-2 for its ``type`` ("Missing required external references: ['type']")."""
 
 from __future__ import annotations
 
+from builtins import *  # noqa: F403, UP029  (see the docstring)
 from typing import Any
 
 
