@@ -330,3 +330,20 @@ def test_the_check_keeps_outputs_in_their_dtype_and_measures_their_error_in_fp64
     assert corr.rmse(torch.empty(0), torch.empty(0, dtype=torch.float64)) == math.inf
     report = corr.compare(kept[:1], None, [("logits", ref)], eager_errors=[want])
     assert report.passed and report.checks[0].variant_rmse == pytest.approx(want, rel=1e-12)
+
+
+def test_what_cannot_change_while_kiln_runs_is_asked_once(monkeypatch):
+    """kiln's commit, the driver and the packages' versions: asked ahead (as the warm-start server
+    does before it forks trials), then read without a subprocess or a package lookup."""
+    from torchkiln.measure import environment
+
+    environment.warm()
+
+    def asked_again(*args, **kwargs):
+        raise AssertionError(f"asked again: {args}")
+
+    monkeypatch.setattr(environment.subprocess, "run", asked_again)
+    monkeypatch.setattr("importlib.metadata.version", asked_again)
+    env = environment.collect("cpu")
+    assert env["kiln_git_sha"] == environment.git_sha() and env["kiln_git_sha"]
+    assert env["transformers"] == environment._version("transformers")

@@ -71,11 +71,27 @@ def test_the_wall_limit_counts_the_waits(fake_worker):
 
 
 def test_a_result_written_before_a_slow_exit_is_kept_and_the_exit_not_waited_for(
-    fake_worker, monkeypatch
+    fake_worker, tmp_path
 ):
     # On two H200s (94c62e6) a trial finished (phase "done", its result written) while its process
     # was still exiting when the search's share of the budget ended, and was reported as a timeout.
-    monkeypatch.setattr(launch, "EXIT_GRACE_S", 0.5)
     out, took = fake_worker(0.0, 0.5, exit_s=30.0, timeout_s=20.0)
     assert out.stopped_by is None and out.result == {"status": "ok", "reason": None}
+    assert out.phase == "done"
     assert took < 10.0
+    # Not waited for, and not left running either: its group was ended.
+    script = str(tmp_path / "fake-worker.sh").encode()
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline and _running(script):
+        time.sleep(0.1)
+    assert not _running(script)
+
+
+def _running(needle: bytes) -> bool:
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if needle in cmdline.read_bytes():
+                return True
+        except OSError:
+            continue  # it ended while we looked
+    return False

@@ -219,7 +219,9 @@ def preload():
 
     import torchkiln.runner.protocol.measure_trial  # noqa: F401
     import torchkiln.runner.protocol.worker  # noqa: F401
+    from torchkiln.measure import environment
 
+    environment.warm()
     return torch
 
 
