@@ -70,9 +70,7 @@ def measure(
     spec = TrialSpec(
         workload=f"{workload}:{factory}",
         variant=variant,
-        count_kernels=False,
-        bracket=False,
-        **{**FAST, **fields},
+        **{"count_kernels": False, "bracket": False, **FAST, **fields},
     )
     result = base_result(spec)
     measure_trial(spec, result, Phases(None), fixed)
@@ -244,3 +242,25 @@ def test_trials_in_flight_together_compute_a_value_once(tmp_path):
     assert [d["value"] for d in docs] == [42, 42]
     assert sorted(d["computed"] + d["reused"] for d in docs) == [["flops"], ["flops"]]
     assert sorted(len(d["computed"]) for d in docs) == [0, 1]
+
+
+def test_the_baselines_kernel_count_is_counted_once_per_workload(workload, tmp_path, monkeypatch):
+    """Where kernels are counted (CUDA; the profiler stands in here), the baseline's count is a
+    fixed cost: the second trial reads it, and counts only its own variant's."""
+    from torchkiln.runner.protocol import measure_trial
+
+    counted: list[str] = []
+
+    def count(step, steps, device):
+        counted.append(device)
+        return 7.0
+
+    monkeypatch.setattr(measure_trial, "counts_kernels", lambda device: True)
+    monkeypatch.setattr(measure_trial, "kernels_per_step", count)
+    fixed = tmp_path / "run" / "fixed"
+    first = measure(workload, fixed, count_kernels=True)
+    second = measure(workload, fixed, count_kernels=True)
+    assert len(counted) == 3  # the first trial's two counts, the second trial's own
+    assert first["baseline_kernels_per_step"] == second["baseline_kernels_per_step"] == 7.0
+    assert "baseline_kernels" in first["fixed_costs"]["computed"]
+    assert "baseline_kernels" in second["fixed_costs"]["reused"]

@@ -338,6 +338,18 @@ def test_precompile_failures_are_diagnosed_with_their_remedy():
     assert dim["reason"] == "torch.compile's ahead-of-time compile failed"
     saved = precompiled.diagnose(RuntimeError("ID_MATCH guard cannot be serialized."))
     assert "identity" in saved["reason"]
+    # What torch 2.11.0 raised precompiling GPT-2 as it comes (transformers 5.25).
+    view = precompiled.diagnose(
+        AssertionError(
+            "Guarded object must be identical, None or ephemeral (dead weakref), got <weakref at "
+            "0x7f0f; to '_PerLayerConfigView' at 0x7f0f> vs <weakref at 0x7f0f; to "
+            "'_PerLayerConfigView' at 0x7f10>"
+        )
+    )
+    assert "made anew on every access" in view["reason"] and "per-layer view" in view["reason"]
+    assert view["remedy"].startswith("model.config.use_cache = False")
+    other_view = precompiled.diagnose(AssertionError("Guarded object must be identical, got x"))
+    assert other_view["remedy"] == "the compile-cache route serves the pick"
     brk = precompiled.diagnose(RuntimeError("Data-dependent branching; graph break in forward"))
     assert "`kiln explain`" in brk["remedy"]
     model, x = torch.nn.Linear(4, 4), torch.randn(2, 4)
@@ -395,6 +407,41 @@ def test_bench_ship_judges_the_goals_and_names_the_phase_that_missed():
     assert where["phases_s"]["the rest of load"] == 0.5
     train = bench.judge("train", {"cold": _route(20, 20, 5), "cache": _route(9, 9, 5)}, ["cache"])
     assert train["first_step_share_of_cold"] == 0.463 and not train["first_output_met"]
+    # Rounds of processes: the median of each round's ratio to its own cold process, and the
+    # cold processes' spread, judge the steady step (the first round alone read +10%).
+    cold, cache = _route(20.0, 19.0, 3.0), _route(4.0, 3.0, 3.3)
+    cold["rounds"] = [{"steady_ms": ms} for ms in (3.0, 3.3, 3.1)]
+    cache["rounds"] = [
+        {"first_fast_s": f, "steady_ms": ms, "steady_vs_cold": ms / c - 1}
+        for f, ms, c in ((4.0, 3.3, 3.0), (4.4, 3.3, 3.3), (4.2, 3.13, 3.1))
+    ]
+    rounds = bench.judge("infer", {"cold": cold, "cache": cache}, ["cache"])
+    assert rounds["steady_vs_cold"] == 0.0097 and rounds["steady_met"]
+    assert rounds["steady_vs_cold_rounds"] == [0.1, 0.0, 0.0097]
+    assert rounds["cold_spread"] == 0.1 and rounds["first_fast_s"] == 4.2
+
+
+def test_rounds_of_route_processes_alternate_with_the_cold_compile(tmp_path, monkeypatch):
+    from torchkiln.ship import api
+
+    started: list[str] = []
+    steady = {"cold": [2.0, 2.2], "cache": [2.1, 2.2]}
+
+    def spawn(module, job, work, timeout_s):
+        started.append(job["route"])
+        ms = steady[job["route"]][len([r for r in started if r == job["route"]]) - 1]
+        return {"ok": True, "first_fast_s": 1.0, "steady_ms": {"median": ms}}
+
+    monkeypatch.setattr(api, "_spawn", spawn)
+    monkeypatch.setattr(api, "_compare", lambda a, b, precision: {"matches_cold": True})
+    got = api.measure_routes(tmp_path, tmp_path / "w", ["cache"], rounds=2)
+    assert started == ["cold", "cache", "cold", "cache"]
+    assert [r["steady_ms"] for r in got["cold"]["rounds"]] == [2.0, 2.2]
+    assert [r["steady_vs_cold"] for r in got["cold"]["rounds"]] == [None, None]
+    ratios = [round(r["steady_vs_cold"], 4) for r in got["cache"]["rounds"]]
+    assert ratios == [0.05, 0.0] and got["cache"]["matches_cold"]
+    started.clear()
+    assert "rounds" not in api.measure_routes(tmp_path, tmp_path / "one", ["cache"])["cache"]
 
 
 def test_tune_takes_ship_and_the_cli_lists_the_ship_command():

@@ -107,3 +107,35 @@ def test_outside_a_trial_process_or_switched_off_every_arm_is_built(monkeypatch)
     wc.load("k", factory(calls))
     wc.load("k", factory(calls))
     assert len(calls) == 4
+
+
+def test_a_copy_for_a_device_is_made_there_as_a_moved_host_copy_would_be():
+    """Copies onto the device the arm runs on, from the kept host build (the meta device stands
+    in for a GPU): weights and inputs there, tied weights tied, parameters still parameters that
+    require grad, strides kept; other tensors and the kept build stay on the host."""
+
+    def build() -> Workload:
+        emb = nn.Embedding(10, 4)
+        head = nn.Linear(4, 10, bias=False)
+        head.weight = emb.weight  # tied, as a language model's head
+        model = nn.Sequential(emb, head)
+        model.register_buffer("scale", torch.ones(3))
+        model.note = torch.zeros(2)  # a plain attribute: `model.to` would leave it too
+        x = torch.randint(0, 10, (4, 2)).t()  # not contiguous
+        return Workload(model=model, example_inputs=(x,), targets=torch.randn(2, 4))
+
+    seed_everything(0)
+    kept = wc.load("k", build)
+    seed_everything(0)
+    copied = wc.load("k", build, device="meta")
+    assert wc.counts == {"built": 1, "copied": 1}
+    emb, head = copied.model
+    assert emb.weight.device.type == "meta" and head.weight is emb.weight
+    assert isinstance(emb.weight, nn.Parameter) and emb.weight.requires_grad
+    assert copied.model.scale.device.type == "meta" and copied.targets.device.type == "meta"
+    (x,) = copied.example_inputs
+    assert x.device.type == "meta" and x.stride() == kept.example_inputs[0].stride()
+    assert not x.requires_grad
+    assert copied.model.note.device.type == "cpu"
+    assert all(p.device.type == "cpu" for p in kept.model.parameters())
+    assert wc.load("k", build, device="cpu").model[0].weight.device.type == "cpu"

@@ -118,6 +118,25 @@ def test_xla_train_step_matches_eager_loss_and_updates(tmp_path):
 
 
 @needs_xla
+def test_an_unchecked_xla_trial_says_why_it_was_not_checked(tmp_path):
+    """As every backend's trial does: a head-to-head trial (its search trial checked it) says so,
+    not "--no-check"."""
+    why = "a head-to-head trial: its search trial checked it"
+    spec = TrialSpec(
+        workload="simple",
+        variant="xla",
+        preset="tiny",
+        check_accuracy=False,
+        extra={"unchecked_because": why},
+        **FAST,
+    )
+    (xla,) = run_trials([spec], tmp_path, timeout_s=300)
+    assert xla["status"] == "ok", xla["reason"]
+    assert xla["correctness"] is None
+    assert f"correctness check skipped ({why})" in xla["notes"]
+
+
+@needs_xla
 @pytest.mark.slow
 def test_unsupported_ops_become_statuses_and_new_shapes_are_reported_as_recompiles(tmp_path):
     specs = [

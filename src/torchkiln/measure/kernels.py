@@ -21,9 +21,14 @@ def count_kernel_events(events: list[dict[str, Any]]) -> int:
     return sum(1 for e in events if e.get("cat") == "kernel" and e.get("ph") == "X")
 
 
+def counts_kernels(device: str) -> bool:
+    """Whether ``kernels_per_step`` counts on ``device`` (CUDA only)."""
+    return device.startswith("cuda")
+
+
 def kernels_per_step(fn: Callable[[], Any], steps: int, device: str) -> float | None:
     """Run ``steps`` steps under torch.profiler and count device kernels; None off CUDA."""
-    if not device.startswith("cuda"):
+    if not counts_kernels(device):
         return None
     import torch
     from torch.profiler import ProfilerActivity, profile

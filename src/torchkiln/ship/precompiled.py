@@ -176,6 +176,24 @@ def diagnose(exc: BaseException) -> dict[str, str]:
             "remedy": "the compile-cache route serves the pick",
             "error": first,
         }
+    if "Guarded object must be identical" in text:
+        # torch 2.11 makes each guard's export record from the object its source reads, twice,
+        # and stops where the two differ: an object made anew on every access. GPT-2 as it comes
+        # (transformers 5.25) failed so on transformers' `_PerLayerConfigView`; the same model
+        # with `use_cache = False` precompiled (the tiny GPT-2 on a CPU, torch 2.11.0).
+        decoder = "_PerLayerConfigView" in text
+        return {
+            "reason": "a guard the compiled forward needs reads an object made anew on every "
+            "access, which torch cannot record"
+            + (" (a Hugging Face config's per-layer view)" if decoder else ""),
+            "remedy": (
+                "model.config.use_cache = False before shipping (a decoder then returns logits "
+                "only); the compile-cache route serves the pick as it is"
+                if decoder
+                else "the compile-cache route serves the pick"
+            ),
+            "error": first,
+        }
     if "graph break" in text.lower() or type(exc).__name__ == "Unsupported":
         return {
             "reason": "the forward breaks the graph, and an ahead-of-time compile is one whole "

@@ -16,7 +16,10 @@ from pathlib import Path
 from typing import Any
 
 EARLY_CALLS = 5
-STEADY_REPS = 7
+# Before the steady reps, calls for this long, as a trial warms its arms up: the steady step of
+# a process is compared with another process's, so neither may be read while still settling.
+WARMUP_S = 0.5
+STEADY_REPS = 11
 STEADY_REP_MS = 100.0
 
 
@@ -72,6 +75,9 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
         torch.save([t.detach().cpu() for t in _tensors(out)], job["output"])
     early = [timer.time_once_s(one)[0] * 1e3 for _ in range(EARLY_CALLS)]
     phases = _compile_phases()
+    warmed = 0.0
+    while warmed < WARMUP_S:
+        warmed += timer.time_once_s(one)[0]
     steps = calibrate_steps(timer, one, STEADY_REP_MS)
     samples = [timer.time(one, steps) for _ in range(STEADY_REPS)]
     steady = statistics.median(samples)

@@ -184,6 +184,7 @@ def build_arm(
             lambda: load_workload(
                 spec.workload, preset=spec.preset, batch_size=spec.batch_size, step=spec.step
             ),
+            spec.device,
         ),
     )
     # The steps besides compiling, shared with the recommendation's code (runner.arm_facts).
