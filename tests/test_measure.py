@@ -1,8 +1,10 @@
-"""The instrument itself: timer, memory tracker, statistics, correctness rule."""
+"""The instrument itself: timer, memory tracker, statistics, correctness rule, kernel count."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import time
 
 import numpy as np
@@ -347,3 +349,143 @@ def test_what_cannot_change_while_kiln_runs_is_asked_once(monkeypatch):
     env = environment.collect("cpu")
     assert env["kiln_git_sha"] == environment.git_sha() and env["kiln_git_sha"]
     assert env["transformers"] == environment._version("transformers")
+
+
+class _ProfilerEvent:
+    """A stand-in for torch's ``_KinetoEvent`` as torch 2.11 has it: no activity type."""
+
+    def __init__(self, name: str, device: str, annotation: bool = False) -> None:
+        self._name, self._annotation = name, annotation
+        self._device = getattr(torch.autograd.DeviceType, device)
+
+    def name(self) -> str:
+        return self._name
+
+    def device_type(self):
+        return self._device
+
+    def is_user_annotation(self) -> bool:
+        return self._annotation
+
+
+class _TypedProfilerEvent(_ProfilerEvent):
+    """As torch 2.14 has it: kineto's activity type, the Chrome trace's "cat"."""
+
+    def __init__(self, name: str, device: str, activity: str) -> None:
+        super().__init__(name, device, annotation=activity.endswith("user_annotation"))
+        self._activity = activity
+
+    def activity_type(self) -> str:
+        return self._activity
+
+
+def test_the_in_memory_kernel_count_leaves_out_copies_sets_and_cpu_events_by_name():
+    from torchkiln.measure.kernels import count_profiler_kernels
+
+    events = [
+        _ProfilerEvent("void at::native::vectorized_elementwise_kernel<4>(int)", "CUDA"),
+        _ProfilerEvent("triton_poi_fused_gelu_0", "CUDA"),
+        _ProfilerEvent("Memcpy HtoD (Pageable -> Device)", "CUDA"),
+        _ProfilerEvent("Memcpy DtoD (Device -> Device)", "CUDA"),
+        _ProfilerEvent("Memset (Device)", "CUDA"),
+        _ProfilerEvent("Stream Sync", "CUDA"),
+        # A record_function's range as kineto shows it on the GPU.
+        _ProfilerEvent("## Call CompiledFxGraph ##", "CUDA", annotation=True),
+        _ProfilerEvent("aten::addmm", "CPU"),
+        _ProfilerEvent("cudaLaunchKernel", "CPU"),
+    ]
+    assert count_profiler_kernels(events) == 2
+
+
+def test_the_in_memory_kernel_count_goes_by_the_activity_type_where_events_have_one():
+    from torchkiln.measure.kernels import count_profiler_kernels
+
+    events = [
+        _TypedProfilerEvent("void gemv2T_kernel_val<float>(...)", "CUDA", "kernel"),
+        _TypedProfilerEvent("Memcpy HtoD (Pageable -> Device)", "CUDA", "gpu_memcpy"),
+        _TypedProfilerEvent("Memset (Device)", "CUDA", "gpu_memset"),
+        # The type decides, not the name: a range named like a kernel is still not one.
+        _TypedProfilerEvent("triton_poi_fused_gelu_0", "CUDA", "gpu_user_annotation"),
+        _TypedProfilerEvent("aten::addmm", "CPU", "cpu_op"),
+        _TypedProfilerEvent("cudaLaunchKernel", "CPU", "cuda_runtime"),
+    ]
+    assert count_profiler_kernels(events) == 1
+
+
+def test_torchs_own_profiler_events_pass_through_the_filter_on_the_cpu():
+    """The filter against real ``_KinetoEvent`` objects of this torch (no device here: none is a
+    kernel)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from torchkiln.measure.kernels import count_profiler_kernels
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with torch.profiler.record_function("a range"):
+            torch.ones(8).add_(1)
+    events = prof.profiler.kineto_results.events()
+    assert len(events) > 0
+    assert count_profiler_kernels(events) == 0
+
+
+def test_kernels_per_step_profiles_the_cuda_activity_alone_and_counts_in_memory(monkeypatch):
+    """No trace is written and no CPU op recorded: the count comes from the finished profile's
+    events (a stand-in profiler here; benchmarks/check_kernel_count.py holds the real one
+    against the Chrome trace's count on a GPU)."""
+    from torch.profiler import ProfilerActivity
+
+    from torchkiln.measure import kernels
+
+    seen: dict = {}
+
+    class _Profile:
+        def __init__(self, activities):
+            seen["activities"] = list(activities)
+            events = [
+                _ProfilerEvent("ampere_sgemm_128x64_tn", "CUDA"),
+                _ProfilerEvent("ampere_sgemm_128x64_tn", "CUDA"),
+                _ProfilerEvent("Memset (Device)", "CUDA"),
+                _ProfilerEvent("elementwise_kernel", "CUDA"),
+            ]
+            result = type("Result", (), {"events": lambda self: events})()
+            self.profiler = type("Inner", (), {"kineto_results": result})()
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def export_chrome_trace(self, path):
+            raise AssertionError("no trace is written")
+
+    steps: list[int] = []
+    monkeypatch.setattr("torch.profiler.profile", _Profile)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    assert kernels.kernels_per_step(lambda: steps.append(1), 3, "cuda:0") == 1.0
+    assert steps == [1, 1, 1]
+    assert seen["activities"] == [ProfilerActivity.CUDA]
+    assert kernels.kernels_per_step(lambda: steps.append(1), 3, "cpu") is None
+    assert steps == [1, 1, 1]
+
+
+def test_the_trace_count_reads_the_exported_chrome_trace_and_removes_it():
+    from torchkiln.measure.kernels import count_kernels_from_trace
+
+    written: list[str] = []
+
+    class _Finished:
+        def export_chrome_trace(self, path):
+            written.append(path)
+            events = [
+                {"ph": "X", "cat": "kernel", "name": "elementwise_kernel"},
+                {"ph": "X", "cat": "kernel", "name": "ampere_sgemm_128x64_tn"},
+                {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)"},
+                {"ph": "X", "cat": "gpu_memset", "name": "Memset (Device)"},
+                {"ph": "X", "cat": "cpu_op", "name": "aten::addmm"},
+                {"ph": "f", "cat": "kernel", "name": "flow"},
+            ]
+            with open(path, "w") as f:
+                json.dump({"traceEvents": events}, f)
+
+    assert count_kernels_from_trace(_Finished()) == 2
+    assert written and not os.path.exists(written[0])

@@ -239,3 +239,12 @@ def test_replicated_speedup_interval_covers_instance_variation():
     assert t975(1) == 12.706 and t975(11) == 2.228 and t975(50) == 1.96
     with pytest.raises(ValueError):
         t975(0)
+
+
+def test_baseline_instances_warm_up_by_steps_and_the_variant_by_steps_and_time(monkeypatch):
+    """The time floor of a warm-up (for the device's clocks) is the variant's alone: each
+    baseline instance runs exactly `warmup_steps` steps, however short a step is."""
+    _, result = _measure_recording_builds(monkeypatch, warmup_s=0.2, warmup_steps=3)
+    assert result["status"] == "ok"
+    assert [w["steps"] for w in result["baseline_warmup"]] == [3, 3]
+    assert result["warmup"]["seconds"] >= 0.2 and result["warmup"]["steps"] >= 3

@@ -39,6 +39,9 @@ class Backend:
     name: ClassVar[str] = ""
     # Whether the backend needs a CUDA device; on another device the trial is `unsupported`.
     needs_cuda: ClassVar[bool] = False
+    # Whether it compiles through Inductor's pool of compile workers, which a trial may start
+    # below its own priority (runner.protocol.compile_pool, KILN_COMPILE_NICE).
+    compiles_in_pool: ClassVar[bool] = False
 
     def wrap(self, fn: Callable[..., Any], *, compile_scope: str) -> Callable[..., Any]:
         """Return the callable that runs ``fn`` (a module or a whole step function)."""

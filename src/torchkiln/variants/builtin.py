@@ -48,6 +48,7 @@ class Inductor(Backend):
     """torch.compile with the Inductor backend."""
 
     name = "inductor"
+    compiles_in_pool = True
     mode: str = "default"
     fullgraph: bool = False
     dynamic: str = "auto"

@@ -19,6 +19,7 @@ from torchkiln.measure.memory import MemoryTracker
 from torchkiln.measure.stats import paired_speedup, summarize
 from torchkiln.measure.stopping import StopRule
 from torchkiln.measure.timer import StepTimer, calibrate_steps, time_round_robin
+from torchkiln.runner.protocol import compile_pool
 from torchkiln.runner.protocol.executable import Arm, build_arm
 from torchkiln.runner.protocol.references import (
     apply_correctness,
@@ -37,13 +38,17 @@ from torchkiln.variants import Variant, parse_variant
 from torchkiln.variants.regions import model_facts
 
 
-def warm_up(arm: Arm, timer: StepTimer, spec: TrialSpec) -> dict[str, Any]:
-    """Run steps until at least `warmup_steps` and `warmup_s` have passed (CUDA-graph recording
-    happens on the 2nd-3rd call, so a single warm-up step would not be enough)."""
+def warm_up(
+    arm: Arm, timer: StepTimer, spec: TrialSpec, floor_s: float | None = None
+) -> dict[str, Any]:
+    """Run steps until at least `warmup_steps` and ``floor_s`` (default `warmup_s`) have passed
+    (CUDA-graph recording happens on the 2nd-3rd call, so a single warm-up step would not be
+    enough; the time floor lets the device's clocks settle)."""
+    floor_s = spec.warmup_s if floor_s is None else floor_s
     t0 = time.perf_counter()
     steps = 0
     times = []
-    while steps < spec.warmup_steps or time.perf_counter() - t0 < spec.warmup_s:
+    while steps < spec.warmup_steps or time.perf_counter() - t0 < floor_s:
         times.append(timer.time(arm.step, 1))
         steps += 1
         if steps >= 10_000:
@@ -126,11 +131,20 @@ def baseline_instances(before_ms: list[float], after_ms: list[float], notes: lis
     }
 
 
-def warm_baseline(arm: Arm, timer: StepTimer, spec: TrialSpec) -> float:
-    """A further arm's first call (seconds) and warm-up, as the variant's."""
-    first_s, _ = timer.time_once_s(arm.step)
-    warm_up(arm, timer, spec)
-    return first_s
+def warm_baseline(arms: list[Arm], timer: StepTimer, spec: TrialSpec, result: dict) -> None:
+    """Further arms' first calls and warm-ups: `warmup_steps` steps each, without the variant's
+    time floor. That floor is for the device's clocks, which the variant's warm-up has just
+    settled, and every arm's steps are calibrated before the reps anyway; on GPT-2 small
+    inference on an H100 the floor made the two eager instances' warm-ups about 1 s of a
+    trial's 6.6 s outside its compile and reps (kiln 163c5d8). Records the first arm's first
+    call (`baseline_first_call_s`) and every arm's warm-up (`baseline_warmup`)."""
+    warm = []
+    for i, arm in enumerate(arms):
+        first_s, _ = timer.time_once_s(arm.step)
+        if i == 0:
+            result["baseline_first_call_s"] = first_s
+        warm.append(warm_up(arm, timer, spec, floor_s=0.0))
+    result["baseline_warmup"] = warm
 
 
 def timed_reps(
@@ -194,9 +208,7 @@ def measure_single(
     phases("baseline")
     bases = [early] if early is not None else []
     bases.append(build_arm(spec, baseline))
-    result["baseline_first_call_s"] = warm_baseline(bases[0], timer, spec)
-    for base in bases[1:]:
-        warm_baseline(base, timer, spec)
+    warm_baseline(bases, timer, spec, result)
 
     # 3. Paired reps.
     phases("measure")
@@ -235,9 +247,7 @@ def measure_replicated(
             arm = build_arm(spec, baseline if kind == "B" else variant)
         arms[kind].append(arm)
     phases("baseline")
-    result["baseline_first_call_s"] = warm_baseline(arms["B"][0], timer, spec)
-    for arm in arms["B"][1:] + arms["V"][1:]:
-        warm_baseline(arm, timer, spec)
+    warm_baseline(arms["B"] + arms["V"][1:], timer, spec, result)
     phases("measure")
     k = spec.replicas
     samples = timed_reps(
@@ -326,6 +336,11 @@ def measure_trial(
         protocol(spec, variant, baseline, result, phases)
         return
 
+    nice = compile_pool.nice_steps()
+    if nice and (variant.backend.compiles_in_pool or baseline.backend.compiles_in_pool):
+        # Before any build, so that this trial's compile workers yield to its neighbours'
+        # builds, warm-ups and checks (compile_pool.py).
+        result["compile_pool"] = compile_pool.start_lowered(nice)
     measure = measure_replicated if spec.replicas > 1 else measure_single
     arm, first_outputs, bases = measure(spec, variant, baseline, timer, result, phases)
     facts = model_facts(arm.workload) if variant.backend.name == "eager" else None
