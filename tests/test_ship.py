@@ -58,7 +58,7 @@ def test_ship_writes_the_module_the_manifest_and_the_artifacts(shipped):
     assert m["spec"] == "inductor" and m["workload"] == MLP
     for field in ("kiln", "torch", "python", "cpu_capability"):
         assert field in m["environment"]
-    assert set(m["model_hash"]) == {"params", "code", "packages"}
+    assert set(m["model_hash"]) == {"layout", "params", "code", "packages"}
     assert m["shapes"] == [[[4, 16]]]
     assert {"cache", "kernels", "precompiled", "aoti"} <= set(m["artifacts"])
     assert m["artifacts"]["precompiled"]["functions"] == 1 and m["precompile"] is None
@@ -109,21 +109,76 @@ def _copy(ship_dir: Path, tmp_path: Path) -> Path:
     return dest
 
 
-@pytest.mark.parametrize("tamper", ["torch", "model"])
+@pytest.mark.parametrize("tamper", ["torch", "code", "layout", "old-manifest-weights"])
 def test_a_manifest_that_does_not_fit_falls_back_to_a_cold_compile(shipped, tmp_path, tamper):
     import torchkiln
     from torchkiln.ship import ShipFallbackWarning
 
     ship_dir = _copy(shipped[1], tmp_path)
     m = _manifest(ship_dir)
+    seed, match = 0, tamper
     if tamper == "torch":
         m["environment"]["torch"] = "0.0.1"
-    model = _model(seed=0 if tamper == "torch" else 1)  # another seed: other weights
+    elif tamper in ("code", "layout"):
+        m["model_hash"][tamper] = "0" * 64  # other module source, other parameter shapes
+    else:  # a manifest from before `layout`: its weights are checked for every route
+        del m["model_hash"]["layout"]
+        seed, match = 1, "params"
+    model = _model(seed=seed)
     (ship_dir / "manifest.json").write_text(json.dumps(m))
-    with pytest.warns(ShipFallbackWarning, match="torch" if tamper == "torch" else "params"):
+    with pytest.warns(ShipFallbackWarning, match=match):
         out = torchkiln.load(ship_dir, model)
     assert out.kiln_route == "cold"
     assert "do not fit" in out.kiln_reason
+
+
+@pytest.mark.parametrize("reader", ["precompiled", "cache"])
+def test_other_weights_pass_by_the_package_that_holds_them_to_a_route_that_reads_them(
+    shipped, tmp_path, reader
+):
+    """An AOTInductor package holds the weights it was built with; the precompiled forward and
+    the compile cache read the model's at each call, so a model with other weights (another
+    checkpoint of the same code) takes them, and gives its own outputs."""
+    import torch
+
+    import torchkiln
+
+    ship_dir = _copy(shipped[1], tmp_path)
+    m = _manifest(ship_dir)
+    m["route_order"] = ["aoti", reader]
+    (ship_dir / "manifest.json").write_text(json.dumps(m))
+    model = _model(seed=1)
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        expected = model(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback warning: an artifact route serves
+        out = torchkiln.load(ship_dir, model)
+    assert out.kiln_route == reader
+    assert "aoti artifact holds the weights it was built with" in out.kiln_reason
+    torch.testing.assert_close(out(x), expected, rtol=1e-4, atol=1e-5)
+    with torch.no_grad():  # read at each call: a change in place shows in the next output
+        model.fc1.weight.mul_(2.0)
+        expected = model(x)
+    torch.testing.assert_close(out(x), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_frozen_pick_fits_only_its_own_weights():
+    import torch
+
+    from torchkiln.ship.load import _holds_weights, _weights_differ
+    from torchkiln.ship.manifest import model_hash
+
+    model = torch.nn.Linear(2, 2)
+    doc = {"spec": "inductor:freezing=true", "model_hash": model_hash(model)}
+    assert _holds_weights("cache", doc) and _holds_weights("precompiled", doc)
+    assert not _holds_weights("cache", {**doc, "spec": "inductor"})
+    assert _holds_weights("aoti", {**doc, "spec": "inductor"})
+    assert not _weights_differ(doc, model)
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    assert _weights_differ(doc, model)
+    assert model_hash(model)["layout"] == doc["model_hash"]["layout"]
 
 
 def test_a_truncated_artifact_is_refused_and_never_loaded(shipped, tmp_path, monkeypatch):
@@ -365,6 +420,9 @@ def test_the_shipped_section_renders_each_route(shipped):
     lines = markdown_section(summary(m, shipped[1]))
     assert lines[1] == "## Shipped"
     assert sum(line.startswith("| ") and "= cold" in line for line in lines) == 4
+    # Each artifact route's paired ratio to cold, with its interval; cold itself has none.
+    paired = [line for line in lines if line.startswith("| ") and "% [" in line]
+    assert len(paired) == 3
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert markdown_section(None) == []
@@ -419,6 +477,13 @@ def test_bench_ship_judges_the_goals_and_names_the_phase_that_missed():
     assert rounds["steady_vs_cold"] == 0.0097 and rounds["steady_met"]
     assert rounds["steady_vs_cold_rounds"] == [0.1, 0.0, 0.0097]
     assert rounds["cold_spread"] == 0.1 and rounds["first_fast_s"] == 4.2
+    # Paired reps against a live cold process judge the steady step where they were measured.
+    cache["paired"] = {"route_over_cold": 1.031, "ci95": [1.02, 1.04]}
+    paired = bench.judge("infer", {"cold": cold, "cache": cache}, ["cache"])
+    assert paired["steady_vs_cold"] == 0.031 and not paired["steady_met"]
+    assert paired["steady_judged_on"] == "paired reps"
+    assert paired["steady_vs_cold_ci95"] == [0.02, 0.04]
+    assert paired["steady_vs_cold_rounds"] == [0.1, 0.0, 0.0097]  # reported beside it
 
 
 def test_rounds_of_route_processes_alternate_with_the_cold_compile(tmp_path, monkeypatch):
@@ -434,14 +499,15 @@ def test_rounds_of_route_processes_alternate_with_the_cold_compile(tmp_path, mon
 
     monkeypatch.setattr(api, "_spawn", spawn)
     monkeypatch.setattr(api, "_compare", lambda a, b, precision: {"matches_cold": True})
-    got = api.measure_routes(tmp_path, tmp_path / "w", ["cache"], rounds=2)
+    got = api.measure_routes(tmp_path, tmp_path / "w", ["cache"], rounds=2, paired=False)
     assert started == ["cold", "cache", "cold", "cache"]
     assert [r["steady_ms"] for r in got["cold"]["rounds"]] == [2.0, 2.2]
     assert [r["steady_vs_cold"] for r in got["cold"]["rounds"]] == [None, None]
     ratios = [round(r["steady_vs_cold"], 4) for r in got["cache"]["rounds"]]
     assert ratios == [0.05, 0.0] and got["cache"]["matches_cold"]
     started.clear()
-    assert "rounds" not in api.measure_routes(tmp_path, tmp_path / "one", ["cache"])["cache"]
+    one = api.measure_routes(tmp_path, tmp_path / "one", ["cache"], paired=False)
+    assert "rounds" not in one["cache"]
 
 
 def test_tune_takes_ship_and_the_cli_lists_the_ship_command():
@@ -594,3 +660,57 @@ def test_other_versions_of_the_models_packages_do_not_fit():
     doc["model_hash"] = {**doc["model_hash"], "packages": {"torch": "0.0"}}
     (problem,) = _fit(doc, model)
     assert problem.startswith("model packages: built with {'torch': '0.0'}")
+
+
+def test_each_route_is_timed_against_the_cold_process_rep_by_rep(shipped):
+    """The cold process waits, measured, while each route's process is timed against it in
+    turns; the ratio is the median of each pair's."""
+    routes = _manifest(shipped[1])["routes"]
+    assert "paired" not in routes["cold"]
+    for name in ("cache", "precompiled", "aoti"):
+        pair = routes[name]["paired"]
+        assert "error" not in pair, pair
+        assert pair["reps"] == len(pair["cold_ms"]) == len(pair["route_ms"]) == 20
+        ratios = sorted(r / c for r, c in zip(pair["route_ms"], pair["cold_ms"], strict=True))
+        assert pair["route_over_cold"] == pytest.approx(statistics.median(ratios))
+        assert pair["ci95"][0] <= pair["route_over_cold"] <= pair["ci95"][1]
+
+
+def test_paired_reps_alternate_which_process_goes_first():
+    from torchkiln.ship.pairing import paired_reps
+
+    calls = []
+
+    def timed(stream):
+        calls.append(stream)
+        return 2.0 if stream == "route" else 1.0
+
+    got = paired_reps("cold", "route", reps=4, timed=timed)
+    assert calls == ["cold", "route", "route", "cold"] * 2
+    assert got["route_over_cold"] == 2.0 and got["reps"] == 4
+
+    def broken(stream):
+        if stream == "route":
+            raise ConnectionError("the process closed its end before answering")
+        return 1.0
+
+    got = paired_reps("cold", "route", reps=4, timed=broken)
+    assert got["error"].startswith("ConnectionError") and got["cold_ms"] == [1.0]
+
+
+def test_a_process_that_dies_before_it_is_ready_is_not_waited_for():
+    import subprocess
+    import sys
+    import time
+
+    from torchkiln.ship.pairing import Listener
+
+    listener = Listener()
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+        t = time.monotonic()
+        assert listener.accept(proc, timeout_s=120) is None
+        assert proc.returncode == 3 and time.monotonic() - t < 60
+    finally:
+        listener.close()
+    assert not Path(listener.address).exists()

@@ -24,6 +24,7 @@ from torchkiln import __version__
 from torchkiln.errors import KilnUserError
 from torchkiln.repair.judge import PATCH_FILE
 from torchkiln.repair.plan import PLAN_FILE
+from torchkiln.ship import pairing
 from torchkiln.ship.load import ARTIFACT_ROUTES
 from torchkiln.ship.manifest import describe_artifact, write_manifest
 from torchkiln.variants import parse_variant
@@ -37,6 +38,12 @@ STEADY_SLACK = 0.02  # a route whose steady step is more than 2% slower than col
 def _spawn(module: str, job: dict[str, Any], work: Path, timeout_s: float) -> dict[str, Any]:
     """Runs ``module`` on ``job`` in a fresh process with its own empty compile caches, so each
     route's first call is measured from what the ship directory holds and nothing else."""
+    proc = _launch(module, job, work)
+    return _collect(proc, work, timeout_s)
+
+
+def _launch(module: str, job: dict[str, Any], work: Path) -> subprocess.Popen:
+    """``module`` started on ``job`` (see _spawn); _collect waits for its result."""
     from torchkiln.runner.launch import spawn
     from torchkiln.runner.launch.orphan import launcher_env
 
@@ -52,15 +59,22 @@ def _spawn(module: str, job: dict[str, Any], work: Path, timeout_s: float) -> di
     env.pop("TRITON_CACHE_DIR", None)
     cmd = [sys.executable, "-m", module, str(job_path), str(result_path)]
     with open(work / "stderr.txt", "wb") as err, open(work / "stdout.txt", "wb") as out:
-        proc = spawn.start(cmd, env=env, stdout=out, stderr=err)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            spawn.kill_group(proc)
-            return {"ok": False, "error": f"did not finish within {timeout_s:.0f} s"}
-        except BaseException:
-            spawn.kill_group(proc)
-            raise
+        return spawn.start(cmd, env=env, stdout=out, stderr=err)
+
+
+def _collect(proc: subprocess.Popen, work: Path, timeout_s: float) -> dict[str, Any]:
+    """The result of a process _launch started, once it exits (killed after ``timeout_s``)."""
+    from torchkiln.runner.launch import spawn
+
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        spawn.kill_group(proc)
+        return {"ok": False, "error": f"did not finish within {timeout_s:.0f} s"}
+    except BaseException:
+        spawn.kill_group(proc)
+        raise
+    result_path = work / "result.json"
     if not result_path.exists():
         return {
             "ok": False,
@@ -177,11 +191,17 @@ def _order(routes: dict[str, dict[str, Any]]) -> list[str]:
         r = routes.get(name)
         if not r or not r.get("ok") or r.get("route") != name or not r.get("matches_cold", True):
             continue
-        # Slower only when even its fastest rep is: the cache route runs the cold compile's
-        # very kernels, yet its median step was 9% slower in its own process (0.450 vs
-        # 0.414 ms, tiny MLP, a shared 2-core host, torch 2.14.1).
-        fastest = min(r["steady_ms"].get("samples") or [r["steady_ms"]["median"]])
-        (slow if cold_ms and fastest > cold_ms * (1 + STEADY_SLACK) else good).append(name)
+        pair = r.get("paired") or {}
+        if pair.get("route_over_cold") is not None:
+            # Timed rep by rep against the cold process, both alive (ship.pairing).
+            is_slow = pair["route_over_cold"] > 1 + STEADY_SLACK
+        else:
+            # Apart, slower only when even its fastest rep is: the cache route runs the cold
+            # compile's very kernels, yet its median step was 9% slower in its own process
+            # (0.450 vs 0.414 ms, tiny MLP, a shared 2-core host, torch 2.14.1).
+            fastest = min(r["steady_ms"].get("samples") or [r["steady_ms"]["median"]])
+            is_slow = bool(cold_ms) and fastest > cold_ms * (1 + STEADY_SLACK)
+        (slow if is_slow else good).append(name)
     key = lambda n: routes[n]["first_fast_s"]  # noqa: E731
     return sorted(good, key=key) + sorted(slow, key=key)
 
@@ -193,28 +213,78 @@ def measure_routes(
     timeout_s: float = PROBE_TIMEOUT_S,
     precision: str = "fp32",
     rounds: int = 1,
+    paired: bool = True,
 ) -> dict[str, dict[str, Any]]:
     """Each route (and the cold compile) in its own fresh process, its output beside cold's.
+    With ``paired`` the first round's processes stay alive once measured, and each route's
+    steady step is timed against the cold process's rep by rep (``paired``: ship.pairing).
     With ``rounds`` > 1 the processes are started that many times over, cold first in each
     round (cold, route, cold, route, ...), and each route keeps every round's first fast
     output and steady step (``rounds``) and its steady step over cold's of the same round
-    (``steady_vs_cold``): steps timed in different processes differ by more than the 2% the
-    routes are judged at (bert-base training, one process each on an H200: the cache route
-    7.41 ms, cold 6.99 ms, the same kernels), and a round's two processes run nearest in time."""
+    (``steady_vs_cold``)."""
     got: dict[str, dict[str, Any]] = {}
     for i in range(rounds):
-        for name in ["cold", *routes]:
-            sub = work / (name if i == 0 else f"{name}-{i + 1}")
-            out = sub / "output.pt"
-            job = {"ship_dir": str(to), "route": name, "output": str(out)}
-            res = _spawn("torchkiln.ship.probe", job, sub, timeout_s)
-            res.pop("traceback", None)
-            if i == 0:
-                got[name] = res
-                if name != "cold" and res.get("ok") and got["cold"].get("ok"):
-                    res.update(_compare(out, work / "cold" / "output.pt", precision))
-            if rounds > 1:
-                got[name].setdefault("rounds", []).append(_round(res, got["cold"], i))
+        if i == 0 and paired:
+            got = _paired_round(to, work, routes, timeout_s)
+        else:
+            for name in ["cold", *routes]:
+                sub = work / (name if i == 0 else f"{name}-{i + 1}")
+                job = {"ship_dir": str(to), "route": name, "output": str(sub / "output.pt")}
+                res = _spawn("torchkiln.ship.probe", job, sub, timeout_s)
+                res.pop("traceback", None)
+                if i == 0:
+                    got[name] = res
+                if rounds > 1:
+                    got[name].setdefault("rounds", []).append(_round(res, got["cold"], i))
+        if i == 0:
+            for name in routes:
+                if got[name].get("ok") and got["cold"].get("ok"):
+                    got[name].update(
+                        _compare(work / name / "output.pt", work / "cold" / "output.pt", precision)
+                    )
+            if paired and rounds > 1:
+                for name in ["cold", *routes]:
+                    got[name].setdefault("rounds", []).append(_round(got[name], got["cold"], 0))
+    return got
+
+
+def _paired_round(
+    to: Path, work: Path, routes: list[str], timeout_s: float
+) -> dict[str, dict[str, Any]]:
+    """The cold process, measured and then kept waiting, while each route's process in turn is
+    measured and timed against it rep by rep (ship.pairing); every process's own result."""
+    from torchkiln.runner.launch import spawn
+
+    listener = pairing.Listener()
+
+    def start(name: str) -> tuple[subprocess.Popen, Path, Any]:
+        sub = work / name
+        job = {"ship_dir": str(to), "route": name, "output": str(sub / "output.pt")}
+        proc = _launch("torchkiln.ship.probe", {**job, "pair_socket": listener.address}, sub)
+        return proc, sub, listener.accept(proc, timeout_s)
+
+    def finish(proc: subprocess.Popen, sub: Path, stream: Any) -> dict[str, Any]:
+        if stream is None and proc.poll() is None:
+            spawn.kill_group(proc)  # not ready within timeout_s
+            proc.wait()
+            return {"ok": False, "error": f"did not finish within {timeout_s:.0f} s"}
+        pairing.release(stream)
+        res = _collect(proc, sub, timeout_s)
+        res.pop("traceback", None)
+        return res
+
+    got: dict[str, dict[str, Any]] = {}
+    try:
+        cold_proc, cold_dir, cold = start("cold")
+        for name in routes:
+            proc, sub, stream = start(name)
+            pair = pairing.paired_reps(cold, stream) if cold and stream else None
+            got[name] = finish(proc, sub, stream)
+            if pair is not None:
+                got[name]["paired"] = pair
+        got = {"cold": finish(cold_proc, cold_dir, cold), **got}
+    finally:
+        listener.close()
     return got
 
 

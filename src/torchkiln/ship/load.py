@@ -89,7 +89,9 @@ class Shipped:
 
 
 def _fit(doc: dict[str, Any], model: Any) -> list[str]:
-    """What keeps the artifacts from this process: environment fields, then the model."""
+    """What keeps every artifact from this process: environment fields, then the model's
+    packages, parameter layout and module source. Its weights are checked apart, only for an
+    artifact that holds them (`_weights_differ`)."""
     problems = [
         str(m) for m in mismatches(doc.get("environment") or {}, environment(doc["device"]))
     ]
@@ -97,15 +99,20 @@ def _fit(doc: dict[str, Any], model: Any) -> list[str]:
     if param is not None and param.device.type != doc["device"].split(":")[0]:
         problems.append(f"device: built for {doc['device']!r}, the model is on {param.device}")
     built = doc.get("model_hash") or {}
-    here = model_hash(model)
+    # A manifest without `layout` predates it: its weights are checked for every route.
+    here = model_hash(model, values="layout" not in built)
     if "packages" in built and built["packages"] != here["packages"]:
         problems.append(
             f"model packages: built with {built.get('packages')}, this process has "
             f"{here['packages']}"
         )
-    for part in ("params", "code"):
+    for part in ("layout", "code") if "layout" in built else ("params", "code"):
         if built.get(part) != here[part]:
-            what = "weights" if part == "params" else "module source"
+            what = {
+                "params": "weights",
+                "layout": "parameter names, dtypes or shapes",
+                "code": "module source",
+            }[part]
             problems.append(f"model {part} hash: the model's {what} differ from the shipped one's")
             patch = Remedies.of(doc.get("fixes")).patch
             if part == "code" and patch:
@@ -114,6 +121,19 @@ def _fit(doc: dict[str, Any], model: Any) -> list[str]:
                     "ship directory to the model's code)"
                 )
     return problems
+
+
+def _holds_weights(route: str, doc: dict[str, Any]) -> bool:
+    """Whether ``route``'s artifact holds the weights it was built with: an AOTInductor package
+    always, any artifact of a pick that folds them into its graph (Inductor's freezing)."""
+    from torchkiln.variants import parse_variant
+
+    return route == "aoti" or parse_variant(doc["spec"]).backend.embeds_weights
+
+
+def _weights_differ(doc: dict[str, Any], model: Any) -> bool:
+    built = (doc.get("model_hash") or {}).get("params")
+    return built != model_hash(model)["params"]
 
 
 def _extract_kernels(path: Path) -> None:
@@ -220,6 +240,7 @@ def load(ship_dir: str | Path, model: Any, *, route: str | None = None) -> Shipp
     order = [route] if route else [*doc.get("route_order", ARTIFACT_ROUTES), "cold"]
     notes: list[str] = []
     chosen: tuple[str, Any, str] | None = None
+    weights_differ: bool | None = None  # hashed once, only if a route needs it
     for r in order:
         if r == "cold":
             break
@@ -243,6 +264,16 @@ def load(ship_dir: str | Path, model: Any, *, route: str | None = None) -> Shipp
         if r == "precompiled" and not hasattr(torch.compiler, "load_compiled_function"):
             notes.append(f"torch {torch.__version__} cannot load a precompiled function")
             continue
+        if _holds_weights(r, doc):
+            if weights_differ is None:
+                with _phase(phases, "check_s"):
+                    weights_differ = _weights_differ(doc, model)
+            if weights_differ:
+                notes.append(
+                    f"the {r} artifact holds the weights it was built with, and this model's "
+                    "differ (model params hash)"
+                )
+                continue
         loader = {"aoti": _load_aoti, "precompiled": _load_precompiled, "cache": _load_cache}[r]
         try:
             run = loader(ship_dir, doc, model, phases)
@@ -265,6 +296,12 @@ def load(ship_dir: str | Path, model: Any, *, route: str | None = None) -> Shipp
         elif not notes:
             notes = ["`kiln ship` measured no artifact route as fit to serve (route_order)"]
         reason = "cold compile: " + "; ".join(notes)
+        if weights_differ:
+            warnings.warn(
+                f"kiln ship {ship_dir}: compiling cold, no artifact fits: {'; '.join(notes)}",
+                ShipFallbackWarning,
+                stacklevel=2,
+            )
         with _phase(phases, "apply_s"):
             chosen = ("cold", apply(model, doc["spec"], doc["device"]), reason)
     elif notes:

@@ -77,21 +77,29 @@ def mismatches(built: dict[str, Any], here: dict[str, Any]) -> list[Mismatch]:
     ]
 
 
-def _tensor_bytes(t: Any) -> bytes:
+def _tensor_bytes(t: Any) -> Any:
+    """The tensor's bytes as a buffer hashlib reads without a further copy."""
     import torch
 
     t = t.detach().to("cpu").contiguous().reshape(-1)
-    return t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    return t.view(torch.uint8).numpy() if t.numel() else b""
 
 
-def model_hash(model: Any) -> dict[str, str]:
-    """sha256 of the parameters and buffers (names, dtypes, shapes, values) and of the source of
-    every module class in the model. An AOTInductor package and a frozen graph hold the weights
-    they were built with, so other weights must not reach them."""
-    params = hashlib.sha256()
+def model_hash(model: Any, *, values: bool = True) -> dict[str, Any]:
+    """sha256 of the parameters and buffers: `layout` of their names, dtypes and shapes, and
+    `params` of those and their values (only with ``values``); `code`, of the source of every
+    module class in the model; `packages`, the versions of the packages defining them. Only an
+    artifact that holds the weights it was built with (an AOTInductor package, a frozen graph)
+    needs the values checked: elsewhere the weights are the compiled code's inputs, read from
+    the model at each call, and hashing them cost GPT-2 small 1.4 s of its load on an H100."""
+    layout = hashlib.sha256()
+    params = hashlib.sha256() if values else None
     for name, t in sorted(model.state_dict().items()):
-        params.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        params.update(_tensor_bytes(t))
+        head = f"{name}|{t.dtype}|{tuple(t.shape)}|".encode()
+        layout.update(head)
+        if params is not None:
+            params.update(head)
+            params.update(_tensor_bytes(t))
     code = hashlib.sha256()
     classes = sorted({type(m) for m in model.modules()}, key=lambda c: c.__qualname__)
     for cls in classes:
@@ -102,7 +110,11 @@ def model_hash(model: Any) -> dict[str, str]:
         # The qualified name, not the module: a workload file is imported under a name made
         # from its path (loader.py), and production imports the same classes by its own name.
         code.update(f"{cls.__qualname__}\n{text}".encode())
-    return {"params": params.hexdigest(), "code": code.hexdigest(), "packages": packages(classes)}
+    out: dict[str, Any] = {"layout": layout.hexdigest(), "code": code.hexdigest()}
+    if params is not None:
+        out["params"] = params.hexdigest()
+    out["packages"] = packages(classes)
+    return out
 
 
 def packages(classes: Any) -> dict[str, str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,8 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
     steps = calibrate_steps(timer, one, STEADY_REP_MS)
     samples = [timer.time(one, steps) for _ in range(STEADY_REPS)]
     steady = statistics.median(samples)
+    if job.get("pair_socket"):
+        serve_reps(job["pair_socket"], lambda: timer.time(one, steps))
     # The first fast output: the first call, or the later one from which calls run near steady.
     fast_at, elapsed = 0, first_s
     if first_s * 1e3 > 2 * steady + 1.0:
@@ -104,6 +107,25 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
         "fallback_calls": shipped.kiln_fallback_calls,
         "fallback_reason": shipped.kiln_fallback_reason,
     }
+
+
+def serve_reps(address: str, rep: Callable[[], float]) -> int:
+    """Timed reps on the parent's request (ship.pairing): connects to ``address`` and answers
+    each `rep` line with the rep's milliseconds per step, until `exit` or the parent is gone.
+    Returns the reps served."""
+    import socket
+
+    served = 0
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.connect(address)
+        with conn.makefile("rwb") as stream:
+            for line in stream:
+                if line.strip() != b"rep":
+                    break
+                stream.write(f"{rep()!r}\n".encode())
+                stream.flush()
+                served += 1
+    return served
 
 
 def _tensors(out: Any) -> list[Any]:

@@ -29,6 +29,10 @@ def summary(manifest: dict[str, Any], ship_dir: str | Path) -> dict[str, Any]:
             "steady_ms": r["steady_ms"]["median"],
             "matches_cold": r.get("matches_cold", True),
         }
+        pair = r.get("paired") or {}
+        if pair.get("route_over_cold") is not None:
+            routes[name]["steady_over_cold"] = pair["route_over_cold"]
+            routes[name]["steady_over_cold_ci95"] = pair["ci95"]
     return {
         "dir": str(ship_dir),
         "spec": manifest["spec"],
@@ -41,7 +45,7 @@ def summary(manifest: dict[str, Any], ship_dir: str | Path) -> dict[str, Any]:
 
 def markdown_section(ship: dict[str, Any] | None) -> list[str]:
     """`## Shipped` for report.md: each route's first fast output and steady step beside cold's,
-    each measured in its own fresh process."""
+    each measured in its own fresh process, and its steady step over cold's timed rep by rep."""
     if not ship:
         return []
     out = [
@@ -53,17 +57,23 @@ def markdown_section(ship: dict[str, Any] | None) -> list[str]:
         + " where they fit, else compiles cold. Each route measured in a fresh process with an "
         "empty compile cache:",
         "",
-        "| route | load | first call | first fast output | steady step | output |",
-        "|--|--|--|--|--|--|",
+        "| route | load | first call | first fast output | steady step | vs cold (paired) "
+        "| output |",
+        "|--|--|--|--|--|--|--|",
     ]
     for name, r in (ship.get("routes") or {}).items():
         if not r.get("ok"):
-            out.append(f"| {LABELS.get(name, name)} | failed: {r.get('error')} | | | | |")
+            out.append(f"| {LABELS.get(name, name)} | failed: {r.get('error')} | | | | | |")
             continue
         same = "= cold" if r.get("matches_cold", True) else "**differs**"
+        ratio = r.get("steady_over_cold")
+        paired = "" if ratio is None else f"{(ratio - 1) * 100:+.1f}%"
+        if ratio is not None and r.get("steady_over_cold_ci95"):
+            lo, hi = r["steady_over_cold_ci95"]
+            paired += f" [{(lo - 1) * 100:+.1f}, {(hi - 1) * 100:+.1f}]"
         out.append(
             f"| {LABELS.get(name, name)} | {r['load_s']:.2f} s | {r['first_call_s']:.2f} s | "
-            f"{r['first_fast_s']:.2f} s | {r['steady_ms']:.3f} ms | {same} |"
+            f"{r['first_fast_s']:.2f} s | {r['steady_ms']:.3f} ms | {paired} | {same} |"
         )
     for key, what in (("export", "AOTInductor package"), ("precompile", "precompiled forward")):
         why = ship.get(key)

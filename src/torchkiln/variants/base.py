@@ -79,6 +79,12 @@ class Backend:
         return False
 
     @property
+    def embeds_weights(self) -> bool:
+        """Whether what it compiles holds the model's weights as constants (a shipped artifact
+        of it then fits only those weights)."""
+        return False
+
+    @property
     def compile_kwargs(self) -> dict[str, Any]:
         """The torch.compile arguments that reproduce this backend (explain compiles with them
         when the backend records CUDA graphs)."""

@@ -77,6 +77,10 @@ class Inductor(Backend):
         return self.mode in CUDAGRAPH_MODES
 
     @property
+    def embeds_weights(self) -> bool:
+        return self.freezing
+
+    @property
     def compile_kwargs(self) -> dict[str, Any]:
         """What torch.compile is given for the mode (explain compiles the model the same way)."""
         return {"mode": self.mode}
