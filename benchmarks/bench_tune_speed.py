@@ -14,7 +14,8 @@ and prints the table. The parts, and the goal each is judged against:
   for time, none stopped as a timeout, the max-autotune modes measured): planned, measured,
   failed and skipped with their reasons, from results.json; candidates the device's peak ruled
   out (`ruled_out`: their FLOP floor over 1.5x a measured step) are counted apart; (c) per
-  trial, the process wall less its first call (the compile) and its timed reps (`measure`), and
+  trial, the process wall less its first call (the compile; a head-to-head's compiled baseline's
+  too) and its timed reps (`measure`), and
   less `host_wait` too (the wait for a neighbour's turn is the price of overlapping compiles,
   paid back in the tune's wall, not overhead of the trial: the judged reading; both are
   reported), median at most 5 s; the A/A check (eager timed against itself: its 95% interval,
@@ -225,14 +226,19 @@ def aa_check(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def overheads(doc: dict[str, Any]) -> dict[str, Any]:
-    """(c) per trial measured in this run: the process wall less first_call and measure, and
-    less host_wait as well; what the rest went to."""
+    """(c) per trial measured in this run: the process wall less first_call and measure (and a
+    compiled baseline's first call), and less host_wait as well; what the rest went to."""
     rows = []
     for t in [*doc["trials"], *doc.get("head_to_head_trials", [])]:
         ph, wall = t.get("phase_s"), t.get("process_wall_s")
         if t.get("reused") or not ph or wall is None:
             continue
         outside = wall - ph.get("first_call", 0.0) - ph.get("measure", 0.0)
+        # A head-to-head's baseline is the compiled leader: its first call is a compile too
+        # (from the leader's lent cache), not overhead of the trial.
+        compiled_baseline = (t.get("baseline") or "eager").split("+")[0] != "eager"
+        baseline_compile = (t.get("baseline_first_call_s") or 0.0) if compiled_baseline else 0.0
+        outside -= baseline_compile
         rest = {k: v for k, v in ph.items() if k not in ("first_call", "measure", "host_wait")}
         rest["outside_phases"] = max(0.0, wall - sum(ph.values()))
         top = dict(sorted(rest.items(), key=lambda kv: -kv[1])[:4])
@@ -243,6 +249,7 @@ def overheads(doc: dict[str, Any]) -> dict[str, Any]:
                 "start": t.get("start"),
                 "process_wall_s": wall,
                 "first_call_s": ph.get("first_call"),
+                "baseline_compile_s": baseline_compile,
                 "measure_s": ph.get("measure"),
                 "host_wait_s": ph.get("host_wait", 0.0),
                 "outside_s": outside,

@@ -317,6 +317,12 @@ def test_tune_speed_judges_the_plan_the_overhead_the_aa_check_and_the_loop():
     ov = ts.overheads(timed)
     assert (ov["median_outside_s"], ov["median_outside_excl_wait_s"]) == (4.0, 2.0)
     assert ov["goal_median_excl_wait_le_5s"] is True
+    # A head-to-head's compiled baseline (the leader) compiles too: its first call is no overhead.
+    h2h = {**timed["trials"][0], "baseline": "inductor:mode=reduce-overhead+bf16",
+           "baseline_first_call_s": 1.5}  # fmt: skip
+    eager_base = {**timed["trials"][0], "baseline": "eager", "baseline_first_call_s": 1.5}
+    rows = ts.overheads({"trials": [eager_base], "head_to_head_trials": [h2h]})["trials"]
+    assert [r["outside_excl_wait_s"] for r in rows] == [2.0, 0.5]
     # The A/A goal as stated: to two decimals the interval contains 1.00, median within 2%.
     assert ts.aa_holds(0.9990, [0.9985, 0.9996]) is True
     assert ts.aa_holds(0.985, [0.98, 0.99]) is False
