@@ -95,3 +95,69 @@ def _running(needle: bytes) -> bool:
         except OSError:
             continue  # it ended while we looked
     return False
+
+
+COMPILING_WORKER = """#!/usr/bin/env bash
+echo "{phase}" > "$6"
+sleep 20
+echo '{{"status": "ok", "reason": null}}' > "$5.tmp" && mv "$5.tmp" "$5"
+"""
+
+
+@pytest.mark.parametrize(
+    ("phase", "waiter", "early"),
+    [
+        ("first_call", True, True),  # compiling, trials wait behind it: stopped early
+        ("first_call", False, False),  # compiling, nobody waits: its full wall limit
+        ("measure", True, False),  # not compiling: it blocks nobody's timed turn
+        (f"first_call{WAITING_SUFFIX}", True, False),  # waiting for a compile slot itself
+    ],
+)
+def test_a_compile_that_holds_compiled_trials_back_is_stopped_before_the_wall_limit(
+    tmp_path, monkeypatch, phase, waiter, early
+):
+    """Trials waiting for their timed turn behind a compile would all be stopped at the
+    search's wall limit with nothing measured: the compile is stopped BLOCKER_MARGIN_S
+    earlier, and says why."""
+    import fcntl
+    import os
+
+    from torchkiln.runner.launch.host_lock import HOST_LOCK_ENV, WRITERS_SUFFIX
+
+    script = tmp_path / "compiling-worker.sh"
+    script.write_text(COMPILING_WORKER.format(phase=phase))
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setattr(sys, "executable", str(script))
+    monkeypatch.setattr(launch, "BLOCKER_MARGIN_S", 2.5)
+    lock = str(tmp_path / "turns")
+    waiting = os.open(lock + WRITERS_SUFFIX, os.O_RDWR | os.O_CREAT, 0o644)
+    if waiter:
+        fcntl.flock(waiting, fcntl.LOCK_SH)  # a trial waiting for its timed turn
+    try:
+        env = {"PATH": "/usr/bin:/bin", HOST_LOCK_ENV: lock}
+        spec = TrialSpec(workload="simple", variant="inductor", device="cpu")
+        out = launch._spawn("trial", spec, tmp_path / "trial", 60.0, env, None, wall_s=4.0)
+    finally:
+        os.close(waiting)
+    assert out.stopped_by == "wall" and out.result is None
+    assert out.for_waiters is early
+
+
+def test_waiting_trials_are_seen_on_the_writers_file(tmp_path):
+    import fcntl
+    import os
+
+    from torchkiln.runner.launch.host_lock import WRITERS_SUFFIX, trials_wait_for_compiles
+
+    lock = str(tmp_path / "turns")
+    assert trials_wait_for_compiles(lock) is False  # no trial has waited: no file yet
+    fd = os.open(lock + WRITERS_SUFFIX, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        assert trials_wait_for_compiles(lock) is False
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        assert trials_wait_for_compiles(lock) is True
+        assert trials_wait_for_compiles(lock) is True  # asking takes nothing away
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        assert trials_wait_for_compiles(lock) is False
+    finally:
+        os.close(fd)

@@ -276,7 +276,7 @@ def tune(
                 else {i: compile_cache.kept(run.trial_dir(i)) for i in lend},
             )
             note = stop_note(done.get("stopped_by"), own, wall, limit)
-            if done.get("status") == "timeout" and note:
+            if done.get("status") == "timeout" and note and not done.get("stopped_for_waiters"):
                 done["reason"] = f"{done['reason']}; {note}"
             if stale:
                 done.setdefault("notes", []).append(stale)

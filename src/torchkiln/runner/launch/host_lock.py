@@ -225,6 +225,22 @@ def set_compile_slots(path: str, n: int) -> None:
         f.write(f"{n}\n")
 
 
+def trials_wait_for_compiles(path: str) -> bool:
+    """Whether any trial taking turns on ``path`` is waiting for its timed turn (for the
+    compiles to end): it holds the writers file shared while it waits."""
+    try:
+        fd = os.open(path + WRITERS_SUFFIX, os.O_RDWR)
+    except OSError:
+        return False  # no trial has waited yet: the file is made by the first
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing releases a lock taken here
+    return False
+
+
 def host_turns() -> str | None:
     """The lock file of the processes sharing this host (HOST_TURNS_ENV), if any."""
     return os.environ.get(HOST_TURNS_ENV) or None

@@ -18,10 +18,12 @@ from torchkiln.runner.launch.autotune_log import autotune_rounds, describe
 from torchkiln.runner.launch.compile_cache import CompileCache
 from torchkiln.runner.launch.compile_cache import prepare as prepare_cache
 from torchkiln.runner.launch.host_lock import (
+    COMPILE_PHASES,
     HOST_LOCK_ENV,
     HOST_TURNS_ENV,
     WAITING_SUFFIX,
     host_turns,
+    trials_wait_for_compiles,
 )
 from torchkiln.runner.launch.orphan import TrialsStopped, launcher_env, stopping
 from torchkiln.runner.protocol.trial import TrialSpec, base_result
@@ -44,6 +46,20 @@ def tail(path: Path, chars: int = STDERR_TAIL_CHARS) -> str:
 # The group is ended at once and reaped in the background.
 
 
+# A compiling trial whose wall limit (the search's share of the budget) is this near is stopped
+# when trials wait for their timed turn behind compiles: all of them would otherwise be stopped
+# at that limit with their compiles spent and nothing measured. They need their reps, one trial
+# at a time, and their checks: a GPT-2 small trial's reps took 3.2-4.2 s and its checks about
+# 1 s on an H100 host (kiln 163c5d8, tune_speed/h100), so 30 s serves about six of them. In one
+# such tune on an H100 a max-autotune compile was still running 315 s into the search and six
+# compiled trials behind it were stopped with it (tune_speed/h100/nice10).
+BLOCKER_MARGIN_S = 30.0
+BLOCKER_NOTE = (
+    "stopped {margin:.0f} s before the search's share of the budget ended, while trials that "
+    "had compiled waited for their timed turn behind its compile, so that they could take it"
+)
+
+
 @dataclass
 class Spawned:
     """What one worker process left: its result (None if it wrote none), exit code, last phase,
@@ -57,6 +73,7 @@ class Spawned:
     host_wait_s: float
     start: warm.Start = warm.Start("cold")
     lost: str | None = None  # why a warm trial's exit code is not its own (its server died)
+    for_waiters: bool = False  # stopped early, its compile holding compiled trials' reps back
 
 
 def _spawn(
@@ -70,7 +87,8 @@ def _spawn(
 ) -> Spawned:
     """Runs the worker until it exits or a limit passes: `timeout_s` of its own time (its clock
     stops while it reports waiting for the host: host_lock.WAITING_SUFFIX) and, if given,
-    `wall_s` of wall time, whatever it waited for."""
+    `wall_s` of wall time, whatever it waited for (BLOCKER_MARGIN_S less while it compiles
+    and trials on its host lock wait for their timed turn)."""
     trial_dir.mkdir(parents=True, exist_ok=True)
     spec_path = trial_dir / f"{mode}-spec.json"
     result_path = trial_dir / f"{mode}-result.json"
@@ -88,9 +106,14 @@ def _spawn(
         # Ctrl-C, a stop (orphan.stop_trials) or an error here: the trial is in its own
         # session, out of the signal's reach, and must not go on running on the device.
         with spawn.ended_on_error(proc):
-            state = _watch(proc, timeout_s, wall_s, phase_path, result_path, on_phase)
+            lock = env.get(HOST_LOCK_ENV)
+            waiters = None if lock is None else (lambda: trials_wait_for_compiles(lock))
+            *state, for_waiters = _watch(
+                proc, timeout_s, wall_s, phase_path, result_path, on_phase, waiters
+            )
     done = _after_exit(proc, *state, phase_path, result_path)
     done.start, done.lost = how, getattr(proc, "lost", None)
+    done.for_waiters = for_waiters and done.stopped_by == "wall"
     return done
 
 
@@ -101,12 +124,15 @@ def _watch(
     phase_path: Path,
     result_path: Path,
     on_phase: Callable[[str], None] | None,
-) -> tuple[str, float, str | None]:
+    waiters: Callable[[], bool] | None = None,
+) -> tuple[str, float, str | None, bool]:
     """Polls the worker until it exits, has written its result, or a limit passes: its last
-    phase, the seconds it waited for the host, and which limit stopped it (None: none)."""
+    phase, the seconds it waited for the host, which limit stopped it (None: none), and
+    whether the wall limit came BLOCKER_MARGIN_S early because it compiled while ``waiters()``
+    said trials waited for their timed turn."""
     start = last_poll = time.monotonic()
     hard = None if wall_s is None else start + wall_s
-    last_phase, waited, stopped_by = "", 0.0, None
+    last_phase, waited, stopped_by, for_waiters = "", 0.0, None, False
     while True:
         try:
             proc.wait(timeout=0.25)
@@ -131,11 +157,19 @@ def _watch(
             stopped_by = "own"
         elif hard is not None and now > hard:
             stopped_by = "wall"
+        elif (
+            hard is not None
+            and waiters is not None
+            and now > hard - BLOCKER_MARGIN_S
+            and last_phase in COMPILE_PHASES
+            and waiters()
+        ):
+            stopped_by, for_waiters = "wall", True
         if stopped_by:
             # Inductor compiles in worker subprocesses: the whole group, politely first.
             spawn.end_group(proc)
             break
-    return last_phase, waited, stopped_by
+    return last_phase, waited, stopped_by, for_waiters
 
 
 def _after_exit(
@@ -222,8 +256,12 @@ def run_trial(
         why += ")"
         if rounds:
             why += f"; by then {describe(rounds)}"
+        if run.for_waiters:
+            why += "; " + BLOCKER_NOTE.format(margin=BLOCKER_MARGIN_S)
         result = _kept_measurement(trial_dir, _failure(spec, "timeout", why))
         result["stopped_by"] = run.stopped_by
+        if run.for_waiters:
+            result["stopped_for_waiters"] = True
     elif result is None:
         if code is not None and code < 0:
             why = f"killed by {signal.Signals(-code).name} during {phase}"
