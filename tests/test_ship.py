@@ -714,3 +714,25 @@ def test_a_process_that_dies_before_it_is_ready_is_not_waited_for():
     finally:
         listener.close()
     assert not Path(listener.address).exists()
+
+
+def test_a_stopped_pairing_leaves_no_process_waiting(shipped, tmp_path, monkeypatch):
+    from torchkiln.ship import api, pairing
+
+    launched = []
+    real_launch = api._launch
+
+    def launch(module, job, work):
+        launched.append(real_launch(module, job, work))
+        return launched[-1]
+
+    def interrupted(cold, route, *a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(api, "_launch", launch)
+    monkeypatch.setattr(pairing, "paired_reps", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        api.measure_routes(shipped[1], tmp_path / "w", ["cache"])
+    assert len(launched) == 2  # cold, waiting; cache, waiting
+    for proc in launched:
+        assert proc.wait(timeout=30) is not None  # ended, not left waiting on its socket

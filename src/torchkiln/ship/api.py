@@ -256,11 +256,13 @@ def _paired_round(
     from torchkiln.runner.launch import spawn
 
     listener = pairing.Listener()
+    started: list[subprocess.Popen] = []
 
     def start(name: str) -> tuple[subprocess.Popen, Path, Any]:
         sub = work / name
         job = {"ship_dir": str(to), "route": name, "output": str(sub / "output.pt")}
         proc = _launch("torchkiln.ship.probe", {**job, "pair_socket": listener.address}, sub)
+        started.append(proc)
         return proc, sub, listener.accept(proc, timeout_s)
 
     def finish(proc: subprocess.Popen, sub: Path, stream: Any) -> dict[str, Any]:
@@ -283,6 +285,11 @@ def _paired_round(
             if pair is not None:
                 got[name]["paired"] = pair
         got = {"cold": finish(cold_proc, cold_dir, cold), **got}
+    except BaseException:
+        # A Ctrl-C or a failure here: the waiting processes must not outlive the measurement.
+        for proc in started:
+            spawn.kill_group(proc)
+        raise
     finally:
         listener.close()
     return got
