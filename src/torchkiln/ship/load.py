@@ -27,6 +27,7 @@ from torchkiln.ship.manifest import (
     mismatches,
     model_hash,
     read_manifest,
+    state_hashes,
     verify_artifact,
 )
 
@@ -133,7 +134,7 @@ def _holds_weights(route: str, doc: dict[str, Any]) -> bool:
 
 def _weights_differ(doc: dict[str, Any], model: Any) -> bool:
     built = (doc.get("model_hash") or {}).get("params")
-    return built != model_hash(model)["params"]
+    return built != state_hashes(model, values=True)[1]
 
 
 def _extract_kernels(path: Path) -> None:
@@ -240,7 +241,10 @@ def load(ship_dir: str | Path, model: Any, *, route: str | None = None) -> Shipp
     order = [route] if route else [*doc.get("route_order", ARTIFACT_ROUTES), "cold"]
     notes: list[str] = []
     chosen: tuple[str, Any, str] | None = None
-    weights_differ: bool | None = None  # hashed once, only if a route needs it
+    # Hashed once, only if a route needs it; a manifest without `layout` had them checked in
+    # _fit (a difference there is a problem, and no artifact route is tried).
+    has_layout = "layout" in (doc.get("model_hash") or {})
+    weights_differ: bool | None = None if has_layout else False
     for r in order:
         if r == "cold":
             break

@@ -92,14 +92,7 @@ def model_hash(model: Any, *, values: bool = True) -> dict[str, Any]:
     artifact that holds the weights it was built with (an AOTInductor package, a frozen graph)
     needs the values checked: elsewhere the weights are the compiled code's inputs, read from
     the model at each call, and hashing them cost GPT-2 small 1.4 s of its load on an H100."""
-    layout = hashlib.sha256()
-    params = hashlib.sha256() if values else None
-    for name, t in sorted(model.state_dict().items()):
-        head = f"{name}|{t.dtype}|{tuple(t.shape)}|".encode()
-        layout.update(head)
-        if params is not None:
-            params.update(head)
-            params.update(_tensor_bytes(t))
+    layout, params = state_hashes(model, values=values)
     code = hashlib.sha256()
     classes = sorted({type(m) for m in model.modules()}, key=lambda c: c.__qualname__)
     for cls in classes:
@@ -110,11 +103,24 @@ def model_hash(model: Any, *, values: bool = True) -> dict[str, Any]:
         # The qualified name, not the module: a workload file is imported under a name made
         # from its path (loader.py), and production imports the same classes by its own name.
         code.update(f"{cls.__qualname__}\n{text}".encode())
-    out: dict[str, Any] = {"layout": layout.hexdigest(), "code": code.hexdigest()}
+    out: dict[str, Any] = {"layout": layout, "code": code.hexdigest()}
     if params is not None:
-        out["params"] = params.hexdigest()
+        out["params"] = params
     out["packages"] = packages(classes)
     return out
+
+
+def state_hashes(model: Any, *, values: bool) -> tuple[str, str | None]:
+    """model_hash's `layout` and, with ``values``, its `params` (else None)."""
+    layout = hashlib.sha256()
+    params = hashlib.sha256() if values else None
+    for name, t in sorted(model.state_dict().items()):
+        head = f"{name}|{t.dtype}|{tuple(t.shape)}|".encode()
+        layout.update(head)
+        if params is not None:
+            params.update(head)
+            params.update(_tensor_bytes(t))
+    return layout.hexdigest(), None if params is None else params.hexdigest()
 
 
 def packages(classes: Any) -> dict[str, str]:

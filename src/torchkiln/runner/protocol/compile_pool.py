@@ -12,9 +12,8 @@ it builds anything and lowers the pool's process N nice levels below its own bef
 starts its workers, which inherit it (and so do the compilers they run: ptxas, the C++
 compiler). The trial's own process keeps its priority: unprivileged processes may lower a
 priority but not raise it back. Off by default: in one 8-minute GPT-2 tune on an H100 host with
-N=10 (from a lowered thread), the builds and checks beside the compiles took their alone times,
-but both max-autotune compiles ran far slower than in the same tune without it (one past 300 s
-against 93 s), which no measurement has yet explained.
+N=10 (then from a lowered thread) both max-autotune compiles ran far slower than in the same
+tune without it (one past 300 s against 93 s), which no measurement has yet explained.
 """
 
 from __future__ import annotations
