@@ -80,11 +80,23 @@ H2H_RESERVE_SHARE = 0.25
 NOT_IN_H2H = ("correctness_compile", "correctness", "kernels", "host_wait")
 
 
+# A head-to-head arm starts from its search trial's kept compile cache (head_to_head.LEND_CACHES),
+# so its first call loads compiled code instead of compiling it. H100 tunes at c60e8eb
+# (benchmarks/results/tune_speed/h100): resnet50 training's head-to-head first call took 6.5 s
+# where its arms' search trials took 73.9 + 52.6 s (0.05), GPT-2's 14.4 s of 135 s (0.11); the
+# estimate keeps over twice the larger share. Before this, both tunes kept about 124 s for a
+# head-to-head that took 20-23 s, and resnet50's skipped nine candidates with 115 s unused.
+LENT_FIRST_CALL_SHARE = 0.25
+
+
 def _h2h_arm_s(r: dict[str, Any]) -> float:
     """Seconds one arm adds to a head-to-head process: its search trial's process time less
-    what the head-to-head does not repeat."""
+    what the head-to-head does not repeat, its compile loaded from the trial's kept cache. A
+    trial reused from an earlier run left no cache here: its compile is counted whole."""
     phases = r.get("phase_s") or {}
     spared = sum(float(phases.get(k) or 0.0) for k in NOT_IN_H2H)
+    if not r.get("reused"):
+        spared += (1.0 - LENT_FIRST_CALL_SHARE) * float(phases.get("first_call") or 0.0)
     return max(1.0, float(r.get("process_wall_s") or 0.0) - spared)
 
 
