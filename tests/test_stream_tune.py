@@ -347,32 +347,69 @@ def test_a_stream_trial_past_its_timeout_is_a_timeout(tiny):
     factory, trace = tiny
     spec = {"workload": factory, "preset": "tiny", "device": "cpu", "stream": str(trace)}
     r = run_stream_trial({**spec, "variant": "eager"}, 0.2)
-    assert r == {"variant": "eager", "status": "timeout", "error": "the trial ran past 0 s"}
+    assert r == {
+        "variant": "eager",
+        "status": "timeout",
+        "error": "the trial ran past 0 s, before it wrote any progress (starting)",
+        "progress": None,
+    }
 
 
-def test_no_stream_trial_but_the_last_takes_more_than_its_share_of_the_budget(tiny, monkeypatch):
+def test_the_stream_search_starts_a_candidate_only_when_its_estimate_fits(tiny, monkeypatch):
+    """Each trial's seconds: 10 besides its compiles, 20 a compile. The first trial is the one
+    expected to compile least and may take half the budget; from it the search learns both, caps
+    each trial at 3x its estimate (at least 60 s) and skips what would not fit."""
     from torchkiln import cli_stream
     from torchkiln.tune import stream_search
 
     factory, trace = tiny
+    clock = [0.0]
     caps = []
+
+    class Clock:
+        @staticmethod
+        def monotonic():
+            return clock[0]
 
     def fake(spec, timeout_s):
         caps.append((spec["variant"], timeout_s))
-        return {"variant": spec["variant"], "status": "timeout",
-                "error": f"the trial ran past {timeout_s:.0f} s"}  # fmt: skip
+        n = compiles[spec["variant"]]
+        wall = 10.0 + 20.0 * n
+        clock[0] += wall
+        spent = {"warmup_s": 20.0 * n} if "bucket" in spec["variant"] else {
+            "compile_time_s": 20.0 * n}  # fmt: skip
+        return {"variant": spec["variant"], "status": "incorrect", "mismatched_items": [0],
+                "process_wall_s": wall, **spent}  # fmt: skip
 
+    # three shapes (5, 9, 16): learned buckets 5 and 16, powers of two 8 and 16
+    compiles = {
+        "inductor+mark_dynamic": 1,
+        "inductor:dynamic=false+bucket=learned": 2,
+        "inductor:dynamic=false+bucket=pow2": 2,
+        "inductor:dynamic=true": 1,
+        "inductor": 2,  # a static graph, then a dynamic one
+        "inductor:dynamic=false+recompile_limit=64": 3,  # one per shape
+    }
     monkeypatch.setattr(cli_stream, "run_stream_trial", fake)
+    monkeypatch.setattr(stream_search, "time", Clock)
     doc = stream_search.tune_stream(
-        factory, device="cpu", preset="tiny", batch_size=None, budget_s=1000,
+        factory, device="cpu", preset="tiny", batch_size=None, budget_s=200,
         allow_precision=set(), out=Path(trace).parent / "out", stream=str(trace),
         stream_len=None,
     )  # fmt: skip
-    assert [v for v, _ in caps] == [c.name for c in stream_candidates("cpu", set())]
-    *first, (_, last) = caps
-    for _, cap in first:
-        assert 0.33 * 1000 < cap <= 0.35 * 1000 + 1e-6  # a share of what was left, nearly all
-    assert last > 990  # the last may take all that is left
-    reasons = [t["reason"] for t in doc["trials"]]
-    assert all("its share of the budget: 35% of the" in r for r in reasons[:-1])
-    assert "share" not in reasons[-1]
+    search = doc["stages"]["search"]
+    assert search["expected_compiles"] == compiles
+    assert caps == [
+        ("inductor+mark_dynamic", 100.0),  # the least compiling first: half of 200 s
+        ("inductor:dynamic=false+bucket=learned", 150.0),  # 3 x (10 + 2 x 20)
+        ("inductor:dynamic=false+bucket=pow2", 120.0),  # all that is left, under 150
+        ("inductor:dynamic=true", 70.0),  # 3 x 30 = 90, but 70 s left
+    ]
+    assert search["skipped"] == {
+        "inductor": "would not fit the budget (estimated 50 s for 2 compiles, 40 s left)",
+        "inductor:dynamic=false+recompile_limit=64": (
+            "would not fit the budget (estimated 70 s for 3 compiles, 40 s left)"
+        ),
+    }
+    assert search["estimate"]["fixed_s"] == 10.0 and search["estimate"]["per_compile_s"] == 20.0
+    assert [t["stream"]["estimate_s"] for t in doc["trials"]] == [None, 50.0, 50.0, 30.0]

@@ -90,10 +90,12 @@ def run_stream_trial(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     paid: with the user's default cache, a candidate replayed before (by another tune, or a
     twin in this one) would load its code and read as compiling faster than it does."""
     from torchkiln.diagnose._subproc import run_module
+    from torchkiln.runner.protocol import stream_progress
 
     with tempfile.TemporaryDirectory(prefix="kiln-stream-") as tmp:
         sp, op = Path(tmp) / "spec.json", Path(tmp) / "out.json"
-        sp.write_text(json.dumps(spec))
+        pp = Path(tmp) / "progress.json"
+        sp.write_text(json.dumps({**spec, "progress": str(pp)}))
         caches = {
             "TORCHINDUCTOR_CACHE_DIR": str(Path(tmp) / "cache" / "inductor"),
             "TRITON_CACHE_DIR": str(Path(tmp) / "cache" / "triton"),
@@ -105,20 +107,29 @@ def run_stream_trial(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
             timed=True,
             env=caches,
         )
+        # where a trial that left no result was: its time limit or crash explained by it
+        progress = stream_progress.read(pp)
+        at = stream_progress.describe(progress)
         if proc.timed_out:
             return {
                 "variant": spec["variant"],
                 "status": "timeout",
-                "error": f"the trial ran past {timeout_s:.0f} s",
+                "error": f"the trial ran past {timeout_s:.0f} s, {at}",
+                "progress": progress,
             }
         if not op.is_file():
             tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             return {
                 "variant": spec["variant"],
                 "status": "crashed",
-                "error": f"exit {proc.returncode}: {tail}",
+                "error": f"exit {proc.returncode} {at}: {tail}",
+                "progress": progress,
             }
-        return {**json.loads(op.read_text()), "compile_cache": "fresh per trial"}
+        return {
+            **json.loads(op.read_text()),
+            "compile_cache": "fresh per trial",
+            "process_wall_s": proc.elapsed_s,  # what the search's estimates learn from
+        }
 
 
 def _render(doc: dict[str, Any]) -> None:

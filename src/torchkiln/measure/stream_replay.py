@@ -55,11 +55,13 @@ def replay(
     device: str = "cpu",
     check: Callable[[Any, Any], bool] | None = None,
     prime: Callable[..., Any] | None = None,
+    on_item: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Per-item times of ``candidate`` and ``eager`` over ``stream`` and the compiler's counters
     during the replay. ``check(candidate_out, eager_out)`` marks an item mismatched when False.
     ``prime`` is eager's untimed first call on item 0 (default ``eager`` itself; a training
     replay primes without an optimizer step, so eager's weights stay paired with the candidate's).
+    ``on_item(done, total)`` is told after each item (a trial's progress file).
     """
     if not 0 <= warmup_fraction < 1:
         raise ValueError(f"warmup_fraction={warmup_fraction} must be in [0, 1)")
@@ -108,6 +110,8 @@ def replay(
             first_item = compile_watch.delta(before, compile_watch.snapshot())
         if check is not None and not check(out, ref):
             mismatched.append(i)
+        if on_item is not None:
+            on_item(i + 1, len(stream))
     after = compile_watch.snapshot()
     counts = compile_watch.delta(before, after)
     steady = compile_watch.delta(steady_before, after)

@@ -15,7 +15,7 @@ import dataclasses
 import threading
 import time
 import warnings
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from torchkiln.serve.buckets import BucketGrid
@@ -155,6 +155,9 @@ class BucketedModule:
         self._stats = ServeStats()
         self._lock = threading.Lock()
         self._warm = False
+        # told (buckets warm, buckets in all) after each bucket of the warm-up: a stream trial's
+        # progress file (runner.protocol.stream_progress)
+        self._on_warm_bucket: Callable[[int, int], None] | None = None
         self._warmup_info: dict[str, Any] = {}
         self._worker = Worker(self.device)
         if example_inputs is not None:
@@ -339,11 +342,14 @@ class BucketedModule:
         keys = sorted(self.grid.keys(), reverse=True)
         # CUDA-graph trees warm a graph on its first call, record on the second, replay after.
         calls = 3 if self.device.type == "cuda" else 1
-        for key in keys:
+        for j, key in enumerate(keys):
             req = self.spec.resize(ref, dict(zip(self.grid.symbols, key, strict=True)))
             self.spec.mark_dynamic(req, self._shared)
             for _ in range(calls):
                 self._invoke(req, strict=False)
+            if self._on_warm_bucket is not None:
+                self._sync()  # the bucket's work done, not queued, when it is reported
+                self._on_warm_bucket(j + 1, len(keys))
         self._sync()
         compile_s, compilations = time.perf_counter() - t0, compile_count() - c0
         unstable = {}

@@ -16,14 +16,18 @@ from torchkiln.runner.protocol.trial import TRIAL_SCHEMA
 from torchkiln.runner.protocol.worker import write_json
 from torchkiln.tune import recommend
 from torchkiln.tune.results_header import results_header
+from torchkiln.tune.stream_budget import (
+    FIRST_TRIAL_SHARE,
+    TRIAL_CAP_FACTOR,
+    StreamEstimator,
+    expected_compiles,
+    trial_cap,
+    trial_order,
+)
 from torchkiln.tune.stream_plan import StreamCandidate, stream_candidates
 from torchkiln.tune.time_spent import time_spent
 
 MIN_TRIAL_S = 10.0  # less than this left: the next trial could not finish its compiles
-# One trial may take at most this share of what is left (the last one, all of it): a static
-# candidate with a raised recompile limit compiles once per distinct shape, up to 64 compiles
-# on a long stream, and alone it could spend the budget the candidates after it needed.
-TRIAL_SHARE = 0.35
 
 
 def load_stream(
@@ -76,7 +80,7 @@ def _as_trial(i: int, r: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]
     reason = r.get("error") or (
         f"items {r['mismatched_items'][:5]} differ from eager" if status == "incorrect" else ""
     )
-    metrics = {k: v for k, v in r.items() if k not in ("variant", "status", "error")}
+    metrics = {k: v for k, v in r.items() if k not in ("variant", "status", "error", "progress")}
     return {
         "schema": TRIAL_SCHEMA,
         "id": f"{i:02d}-stream",
@@ -88,6 +92,8 @@ def _as_trial(i: int, r: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]
         "status": "ok" if status == "ok" else status,
         "reason": reason,
         "stream": metrics or None,
+        # a trial that left no result: where it was when it was stopped (stream_progress)
+        **({"progress": r["progress"]} if r.get("progress") else {}),
     }
 
 
@@ -173,18 +179,38 @@ def tune_stream(
 
     raw: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
-    for k, c in enumerate(plan):
+    # Compiles expected of each candidate, and the estimates learned from each trial run
+    # (stream_budget): a candidate starts only when its estimate fits what is left.
+    compiles = {c.name: expected_compiles(c, items) for c in plan}
+    estimate = StreamEstimator()
+    order = trial_order(plan, compiles)
+    for k, c in enumerate(order):
         room = left()
         if room < MIN_TRIAL_S:
             skipped[c.name] = f"the budget is spent ({max(0.0, room):.0f} s left)"
             continue
+        need = estimate(compiles[c.name])
+        if need is not None and need > room:
+            skipped[c.name] = (
+                f"would not fit the budget (estimated {need:.0f} s for {compiles[c.name]} "
+                f"compiles, {room:.0f} s left)"
+            )
+            if events is not None:
+                events.skipped(c.name, skipped[c.name])
+            continue
         if events is not None:
             events.stage("search", f"{c.name} on the stream", room)
-        last = k == len(plan) - 1
-        cap = room if last else max(MIN_TRIAL_S, TRIAL_SHARE * room)
+        cap = trial_cap(need, room, last=k == len(order) - 1)
         r = run_stream_trial({**base, "variant": c.name}, cap)
+        r["expected_compiles"] = compiles[c.name]
+        r["estimate_s"] = need
         if r.get("status") == "timeout" and cap < room:
-            r["error"] += f" (its share of the budget: {TRIAL_SHARE:.0%} of the {room:.0f} s left)"
+            r["error"] += (
+                f" (its cap: {TRIAL_CAP_FACTOR:g}x its estimate of {need:.0f} s)"
+                if need is not None
+                else f" (the first trial's cap: {FIRST_TRIAL_SHARE:.0%} of the {room:.0f} s left)"
+            )
+        estimate.learn(c.name, compiles[c.name], r)
         raw.append(r)
     errors = {r.get("error") for r in raw if r.get("status") == "error"}
     if raw and len(errors) == 1 and all(r.get("status") == "error" for r in raw):
@@ -220,6 +246,9 @@ def tune_stream(
             "search": {
                 "evidence": {"stream_items": len(items), "bucketing_refused": no_buckets},
                 "planned": [c.name for c in plan],
+                "order": [c.name for c in order],
+                "expected_compiles": compiles,
+                "estimate": estimate.__dict__,
                 "skipped": skipped,
             },
         },

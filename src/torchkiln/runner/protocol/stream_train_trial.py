@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from torchkiln.errors import KilnUserError
+from torchkiln.runner.protocol import stream_progress
 
 
 def _refusal(variant: Any) -> str | None:
@@ -116,6 +117,7 @@ def run_train(spec: dict[str, Any], cand: Any, variant: Any, tol: float) -> dict
         setup = _warm_buckets(w, stream, grid, candidate, model, device)
         setup["buckets"] = {k: list(v) for k, v in grid.sizes.items()}
     check = LossCheck(tol)
+    stream_progress.phase("replay", items=len(stream))
     out = replay(
         as_item_fn(candidate),
         as_item_fn(eager),
@@ -124,6 +126,7 @@ def run_train(spec: dict[str, Any], cand: Any, variant: Any, tol: float) -> dict
         warmup_fraction=warmup_fraction,
         check=check,
         prime=as_item_fn(prime),
+        on_item=stream_progress.item,
     )
     out.update(setup)
     out.update(check.report())
@@ -155,12 +158,15 @@ def _warm_buckets(
     calls = 3 if device.startswith("cuda") else 1
     before = compile_watch.snapshot()
     t0 = time.perf_counter()
-    for key in sorted(grid.keys(), reverse=True):
+    keys = sorted(grid.keys(), reverse=True)
+    stream_progress.phase("warm-up", buckets=len(keys), buckets_done=0)
+    for j, key in enumerate(keys):
         sizes = {**base, **dict(zip(grid.symbols, key, strict=True))}
         x = w.make_inputs(**sizes)
         x = _to(x if isinstance(x, (tuple, dict)) else (x,), device)
         for _ in range(calls):
             keeping_buffers(model, lambda x=x: candidate(x, update=False))
+        stream_progress.bucket(j + 1, len(keys))
     _sync(device)
     done = compile_watch.delta(before, compile_watch.snapshot())
     return {"warmup_s": time.perf_counter() - t0, "warmup_compiles": done["compiles"]}

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from torchkiln.errors import KilnUserError
+from torchkiln.runner.protocol import stream_progress
 from torchkiln.runner.protocol.stream_setup import _raise_recompile_limit, _varying_dims
 
 
@@ -104,6 +105,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         first = _to(stream.items[0], device)
         # every bucket compiled before the stream starts, as a server warms up before traffic;
         # its cost is reported apart and charged to the stream's total
+        stream_progress.phase("warm-up", buckets=math.prod(len(b) for b in buckets.values()))
+        bucketed._on_warm_bucket = stream_progress.bucket
         before = compile_watch.snapshot()
         t0 = time.perf_counter()
         with torch.no_grad():
@@ -128,6 +131,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             with precision_flags(variant.precision), autocast(device, variant.precision):
                 return compiled(*args, **kwargs)
 
+    stream_progress.phase("replay", items=len(stream))
     out = replay(
         run_candidate,
         eager,
@@ -135,6 +139,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         device=device,
         warmup_fraction=warmup_fraction,
         check=lambda a, b: _close(a, b, tol, tol),
+        on_item=stream_progress.item,
     )
     out.update(setup)
     if bucketed is not None:
@@ -169,6 +174,7 @@ def _finish(out: dict[str, Any], cand: Any) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     spec_path, out_path = argv if argv is not None else sys.argv[1:]
     spec = json.loads(Path(spec_path).read_text())
+    stream_progress.start(spec.get("progress"))
     try:
         result = run(spec)
     except KilnUserError as exc:

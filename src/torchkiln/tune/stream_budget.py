@@ -1,0 +1,111 @@
+"""How long a stream trial should take, and the order the search spends its budget in.
+
+A stream trial's time is mostly compiles, and how many it makes follows from the candidate and
+the stream before anything runs: one graph per bucket, one for a dynamic graph, two for automatic
+dynamic (a static graph, then a dynamic one at the first new shape), one per distinct shape up to
+the recompile limit for a static graph. The search learns the seconds one such compile takes and
+what a trial spends besides (loading, both replays) from the trials already run, and starts a
+candidate only when its estimate fits what is left; a trial is stopped at a multiple of its
+estimate. On an H100 a bert-base stream tune that gave each trial a fixed share of what was left
+(35%) instead ran out of time in every one of its eight trials, the first at 111 s while it
+compiled its four buckets, and measured nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchkiln.tune.stream_plan import LEARNED_BUCKETS, StreamCandidate
+from torchkiln.variants import parse_variant
+
+# The first trial has nothing to learn from: it may take this share of what is left, and it is
+# the candidate expected to compile least, so that it finishes and teaches the estimate.
+FIRST_TRIAL_SHARE = 0.5
+# A trial may run this many times its estimate (at least TRIAL_CAP_MIN_S) before it is stopped:
+# compiles of one model differ by shape and mode (reduce-overhead records a CUDA graph per
+# shape), and one trial must not spend what the others need.
+TRIAL_CAP_FACTOR = 3.0
+TRIAL_CAP_MIN_S = 60.0
+# dynamo's recompile limit where the candidate does not raise it (torch 2.11-2.14: 8)
+DEFAULT_RECOMPILE_LIMIT = 8
+
+
+def distinct_shapes(stream: Any) -> int:
+    from torchkiln.measure.stream_replay import _shape
+
+    return len({_shape(x) for x in stream.items})
+
+
+def expected_compiles(cand: StreamCandidate, stream: Any, warmup_fraction: float = 0.2) -> int:
+    """The compiles ``cand`` should make over ``stream``: per bucket, per dynamic graph, or per
+    distinct shape up to the recompile limit (graph breaks multiply all of them alike)."""
+    shapes = distinct_shapes(stream)
+    if cand.bucket:
+        import math
+
+        from torchkiln.measure.stream_buckets import stream_buckets
+
+        warmup = int(len(stream) * warmup_fraction)
+        buckets = stream_buckets(stream, cand.bucket, warmup, LEARNED_BUCKETS)
+        return max(1, math.prod(len(b) for b in buckets.values()))
+    dynamic = getattr(parse_variant(cand.variant).backend, "dynamic", None)
+    if cand.mark_dynamic or dynamic == "true":
+        return 1
+    if dynamic == "auto":
+        return min(shapes, 2)
+    return min(shapes, cand.recompile_limit or DEFAULT_RECOMPILE_LIMIT)
+
+
+def compile_seconds(r: dict[str, Any]) -> float:
+    """A finished trial's seconds compiling: during the replay, and a bucketed one's warm-up
+    (whose CUDA-graph recordings count with it)."""
+    return float(r.get("compile_time_s") or 0.0) + float(r.get("warmup_s") or 0.0)
+
+
+@dataclass
+class StreamEstimator:
+    """A trial's seconds as ``fixed_s + compiles * per_compile_s``, from the trials run so far
+    (the largest of each seen: a cap that errs long stops nothing it should not)."""
+
+    fixed_s: float | None = None
+    per_compile_s: float | None = None
+    learned_from: list[str] = field(default_factory=list)
+
+    def __call__(self, compiles: int) -> float | None:
+        if self.fixed_s is None or self.per_compile_s is None:
+            return None
+        return self.fixed_s + compiles * self.per_compile_s
+
+    def learn(self, name: str, compiles: int, r: dict[str, Any]) -> None:
+        wall = r.get("process_wall_s")
+        if r.get("status") not in ("ok", "incorrect") or wall is None:
+            return
+        spent = compile_seconds(r)
+        fixed = max(0.0, float(wall) - spent)
+        per = spent / max(1, compiles)
+        self.fixed_s = fixed if self.fixed_s is None else max(self.fixed_s, fixed)
+        self.per_compile_s = per if self.per_compile_s is None else max(self.per_compile_s, per)
+        self.learned_from.append(name)
+
+
+def trial_order(plan: list[StreamCandidate], compiles: dict[str, int]) -> list[StreamCandidate]:
+    """The plan with one candidate moved to the front: the leading precision's candidate
+    expected to compile least (the first of them in plan order), whose trial teaches the
+    estimate; the rest keep the plan's order (stream_plan: likely winners first)."""
+    if not plan:
+        return []
+    lead = parse_variant(plan[0].variant).precision
+    same = [c for c in plan if parse_variant(c.variant).precision == lead]
+    probe = min(same, key=lambda c: compiles[c.name])
+    return [probe, *(c for c in plan if c is not probe)]
+
+
+def trial_cap(estimate_s: float | None, room_s: float, last: bool) -> float:
+    """Seconds a trial may run: a multiple of its estimate, or before any estimate a share of
+    what is left; never past what is left, and the last trial may take all of it."""
+    if last:
+        return room_s
+    if estimate_s is None:
+        return FIRST_TRIAL_SHARE * room_s
+    return min(room_s, max(TRIAL_CAP_MIN_S, TRIAL_CAP_FACTOR * estimate_s))

@@ -1,0 +1,95 @@
+"""A stream trial's progress file: what a trial stopped at its time limit was doing."""
+
+import json
+
+from torchkiln.runner.protocol import stream_progress
+
+SLEEPY = """
+import time
+import torch
+from torchkiln.workloads.base import Workload
+
+
+class Sleepy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        time.sleep(0.5)  # every call, eager's and the candidate's
+        return self.lin(x)
+
+
+def make(preset="full", batch_size=None, **_):
+    mk = lambda batch, seq: (torch.randn(batch, seq, 4),)
+    return Workload(name="sleepy", model=Sleepy().eval(), example_inputs=mk(2, 3),
+                    make_inputs=mk, size_limits={"seq": 64})
+"""
+
+
+def test_the_reason_says_where_the_trial_was():
+    d = stream_progress.describe
+    assert d(None) == "before it wrote any progress (starting)"
+    assert d({"phase": "load", "compiles": 0, "compile_time_s": 0.0}) == (
+        "while loading the model and its stream; 0 graphs compiled in 0 s"
+    )
+    warm = {"phase": "warm-up", "buckets": 4, "buckets_done": 2, "compiles": 2,
+            "compile_time_s": 58.4}  # fmt: skip
+    assert d(warm) == "while warming up bucket 3 of 4; 2 graphs compiled in 58 s"
+    replay = {"phase": "replay", "items": 2000, "items_done": 340, "compiles": 1,
+              "compile_time_s": None}  # fmt: skip
+    assert d(replay) == "while replaying item 341 of 2000; 1 graph compiled"
+    # without dynamo's counters (no compiling backend loaded): where, and nothing more
+    assert d({"phase": "replay", "items": 9, "items_done": 0, "compiles": None}) == (
+        "while replaying item 1 of 9"
+    )
+
+
+def test_progress_is_written_whole_at_each_phase_and_throttled_per_item(tmp_path):
+    path = tmp_path / "p.json"
+    stream_progress.start(str(path))
+    try:
+        assert stream_progress.read(path)["phase"] == "load"
+        stream_progress.phase("replay", items=3)
+        stream_progress.item(1, 3)  # within WRITE_EVERY_S of the phase's write: not written
+        doc = stream_progress.read(path)
+        assert doc["phase"] == "replay" and doc["items"] == 3 and "items_done" not in doc
+        stream_progress.bucket(1, 2)  # a bucket is written at once, with the items so far
+        doc = stream_progress.read(path)
+        assert (doc["buckets_done"], doc["items_done"]) == (1, 1)
+        assert not list(tmp_path.glob("*.tmp"))  # replaced, never left half-written
+    finally:
+        stream_progress.start(None)
+    stream_progress.item(2, 3)  # no file any more: nothing written
+    assert stream_progress.read(path)["items_done"] == 1
+    assert stream_progress.read(tmp_path / "none.json") is None
+
+
+def test_a_stream_trial_past_its_limit_says_how_far_it_replayed(tmp_path):
+    from torchkiln.cli_stream import run_stream_trial
+
+    (tmp_path / "sleepy.py").write_text(SLEEPY)
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(f'{{"batch": 2, "seq": {s}}}\n' for s in [3, 5, 7] * 10))
+    spec = {
+        "workload": f"{tmp_path / 'sleepy.py'}:make",
+        "step": "infer",
+        "preset": "full",
+        "batch_size": None,
+        "device": "cpu",
+        "stream": str(trace),
+        "stream_len": None,
+        "variant": "eager",
+    }
+    # 30 items, each a second (eager's call and the candidate's): far past the limit
+    r = run_stream_trial(spec, 12.0)
+    assert r["status"] == "timeout"
+    p = r["progress"]
+    assert p["phase"] == "replay" and p["items"] == 30
+    assert 1 <= p["items_done"] < 30
+    assert p["compiles"] == 0  # eager: dynamo counted nothing
+    assert r["error"] == (
+        f"the trial ran past 12 s, while replaying item {p['items_done'] + 1} of 30; "
+        "0 graphs compiled in 0 s"
+    )
+    json.dumps(r)  # what the search keeps in results.json
