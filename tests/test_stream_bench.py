@@ -8,6 +8,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -88,7 +90,7 @@ def test_the_goals_are_judged_against_the_fastest_plain_mode(tmp_path):
     b = _script()
     pick = "inductor:dynamic=false+bf16+bucket=pow2"
     trials = {
-        pick: _trial(10.0, 0.004, 6.0),
+        pick: _trial(13.0, 0.004, 6.0),
         "inductor+bf16": _trial(30.0, 0.012, 2.0),
         # the fastest plain mode over the whole stream, and a different one after warm-up
         "inductor:mode=reduce-overhead+bf16": _trial(25.0, 0.010, 2.4),
@@ -98,9 +100,9 @@ def test_the_goals_are_judged_against_the_fastest_plain_mode(tmp_path):
     _parts(tmp_path, b, pick, trials)
     row = _summary(tmp_path, b)["rows"][0]
     assert row["best_plain_total"] == "inductor:mode=reduce-overhead+bf16"
-    assert row["over_best_plain_total"] == 2.5
+    assert row["over_best_plain_total"] == pytest.approx(25.0 / 13.0)  # under 2x...
     assert row["best_plain_steady"] == "inductor:mode=max-autotune-no-cudagraphs+bf16"
-    assert row["over_best_plain_steady"] == 2.0
+    assert row["over_best_plain_steady"] == 2.0  # ...and 2x after warm-up: judged so
     assert row["over_best_plain_total_via_eager"] == 2.5
     assert row["pick_and_best_plain_one_call"] is True
     assert list(row["plain_not_measured"]) == ["inductor:mode=max-autotune+bf16"]

@@ -47,7 +47,8 @@ def test_both_verdicts_reach_the_tune_report_and_the_pick():
     from torchkiln.tune.stream_search import _report_md, _select, _why
 
     slow = {"variant": "inductor:mode=reduce-overhead", "status": "ok", "reason": "",
-            "stream": {"total_s": 2.0, "eager_total_s": 4.0, "compile_time_s": 1.5,
+            "stream": {"total_s": 2.0, "eager_total_s": 4.0, "compile_time_s": 1.5, "items": 9,
+                       "steady_time_per_item_s": 0.05, "eager_steady_time_per_item_s": 0.4,
                        "cudagraph_recordings": 7, "distinct_shapes": 3, "graphs_per_item": 1,
                        "compiles": 3, "recompiles": 2, "eager_fallbacks": 0,
                        "steady_speedup": 3.0, "padding_waste": 0.0}}  # fmt: skip

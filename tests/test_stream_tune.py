@@ -166,13 +166,14 @@ def test_tune_on_a_stream_picks_the_fastest_correct_candidate(tiny, tmp_path):
     validate(doc)
     assert doc["stream"]["items"] == 9
     trials = {t["variant"]: t for t in doc["trials"]}
-    ok = {v: t["stream"]["total_s"] for v, t in trials.items() if t["status"] == "ok"}
+    ok = {v: t["stream"] for v, t in trials.items() if t["status"] == "ok"}
     assert ok, doc["trials"]
     sel = doc["selection"]
-    for v, total in ok.items():
-        assert sel["total_s"][v] == total
+    for v, s in ok.items():
+        assert sel["total_s"][v] == s["total_s"]
+        assert sel["steady_s_per_item"][v] == s["steady_time_per_item_s"]
         assert trials[v]["stream"]["mismatched_items"] == []
-    assert sel["best"] == min(sel["total_s"], key=sel["total_s"].get)
+    assert sel["best"] == min(sel["steady_s_per_item"], key=sel["steady_s_per_item"].get)
     assert sel["ranking"][0] == sel["best"]
     static = trials.get("inductor:dynamic=false+recompile_limit=64")
     # Planned last, the raised limit may be stopped or skipped by the budget on a busy host
@@ -258,33 +259,48 @@ def test_explain_on_a_bad_stream_is_one_line_exit_2(tiny):
     assert len(p.stderr.strip().splitlines()) == 1, p.stderr
 
 
-def _stream_trial(variant: str, total: float, eager_total: float, status: str = "ok"):
+def _stream_trial(variant, total, eager_total, steady, eager_steady, status="ok", items=100):
     return {
         "variant": variant,
         "status": status,
         "reason": "" if status == "ok" else "items [1] differ from eager",
-        "stream": {"total_s": total, "eager_total_s": eager_total, "compiles": 2,
-                   "distinct_shapes": 3, "recompiles": 1, "eager_fallbacks": 0,
-                   "steady_speedup": 2.0},
+        "stream": {"total_s": total, "eager_total_s": eager_total, "items": items,
+                   "steady_time_per_item_s": steady, "eager_steady_time_per_item_s": eager_steady,
+                   "compiles": 2, "distinct_shapes": 3, "recompiles": 1, "eager_fallbacks": 0,
+                   "steady_speedup": eager_steady / steady},
     }  # fmt: skip
 
 
-def test_selection_on_a_stream_is_the_fastest_correct_over_the_whole_stream():
+def test_selection_on_a_stream_is_the_fastest_correct_after_warm_up():
     from torchkiln.tune.stream_search import _select, _why
 
     trials = [
-        _stream_trial("inductor:dynamic=true", 2.0, 4.0),
-        _stream_trial("inductor:dynamic=false+bucket=pow2", 1.0, 4.2),
-        _stream_trial("inductor", 0.5, 4.0, status="incorrect"),  # faster, but wrong
+        # one graph: the shortest whole stream, 20 ms an item after warm-up
+        _stream_trial("inductor:dynamic=true", 2.5, 4.0, 0.020, 0.040),
+        # a 2 s warm-up of its buckets, then 10 ms an item: the pick
+        _stream_trial("inductor:dynamic=false+bucket=pow2", 3.0, 4.2, 0.010, 0.042),
+        _stream_trial("inductor", 0.5, 4.0, 0.001, 0.040, status="incorrect"),  # fast, wrong
     ]
     sel = _select(trials)
     assert sel["best"] == "inductor:dynamic=false+bucket=pow2"
     assert sel["ranking"] == [sel["best"], "inductor:dynamic=true", "eager"]
-    assert sel["total_s"]["eager"] == 4.1  # the median of eager's paired replays
+    assert sel["steady_s_per_item"]["eager"] == pytest.approx(0.041)  # median of eager's replays
+    assert sel["total_s"] == {"inductor:dynamic=true": 2.5,
+                              "inductor:dynamic=false+bucket=pow2": 3.0, "eager": 4.1}  # fmt: skip
+    # the one-off seconds over the steady rate, repaid by the gain over eager on each item:
+    # (3.0 - 100 x 0.010) / (0.041 - 0.010) = 64.5, and (2.5 - 2.0) / 0.021 = 23.8
+    assert sel["break_even_steps"] == {"inductor:dynamic=true": 24,
+                                       "inductor:dynamic=false+bucket=pow2": 65}  # fmt: skip
+    assert sel["reason"] == (
+        "the fastest correct candidate after warm-up: 10.000 ms an item against eager's 41.000 ms "
+        "(4.10x); over the whole stream, compiles and warm-up included, 3.000 s against eager's "
+        "4.100 s, repaid after 65 items"
+    )
     assert "inductor" in sel["rejected"]
     assert "3 shapes" in _why(trials[1], sel)[1]
-    slow = _select([_stream_trial("inductor", 5.0, 4.0)])
+    slow = _select([_stream_trial("inductor", 5.0, 4.0, 0.05, 0.04)])
     assert slow["best"] == "eager" and "no candidate was faster" in slow["reason"]
+    assert slow["break_even_steps"] == {"inductor": None}  # slower: never repaid
 
 
 def test_the_api_takes_a_stream_with_a_workload_spec_only(tmp_path):
