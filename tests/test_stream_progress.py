@@ -93,3 +93,54 @@ def test_a_stream_trial_past_its_limit_says_how_far_it_replayed(tmp_path):
         "0 graphs compiled in 0 s"
     )
     json.dumps(r)  # what the search keeps in results.json
+
+
+def test_stream_trials_in_flight_together_replay_one_at_a_time(tmp_path):
+    """Two trials on one lock file (a search with two slots): their loads and warm-ups may
+    overlap, each replay runs with nothing else on the host (from the wall-clock intervals each
+    trial records), and the wait for it is the trial's own record, not its time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from torchkiln.cli_stream import run_stream_trial
+    from torchkiln.runner.launch.executors import host_lock_file
+    from torchkiln.runner.launch.host_lock import remove_lock_files, set_compile_slots
+
+    (tmp_path / "sleepy.py").write_text(SLEEPY)
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(f'{{"batch": 2, "seq": {s}}}\n' for s in [3, 5, 7] * 2))
+    spec = {
+        "workload": f"{tmp_path / 'sleepy.py'}:make",
+        "step": "infer",
+        "preset": "full",
+        "device": "cpu",
+        "stream": str(trace),
+        "stream_len": None,
+    }
+    lock = host_lock_file()
+    set_compile_slots(lock, 2)
+    variants = ["eager+bucket=pow2", "eager"]
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            futs = [
+                pool.submit(
+                    run_stream_trial, {**spec, "variant": v}, 300.0, own_cap_s=200.0, host_lock=lock
+                )  # fmt: skip
+                for v in variants
+            ]
+            a, b = (f.result() for f in futs)
+    finally:
+        remove_lock_files(lock)
+    assert a["status"] == b["status"] == "ok", (a.get("error"), b.get("error"))
+    assert set(a["phase_at"]) == {"load", "warm-up", "replay"}
+    assert set(b["phase_at"]) == {"load", "replay"}
+
+    def overlap(x, y):
+        return x[0] < y[1] and y[0] < x[1]
+
+    for mine, other in ((a, b), (b, a)):
+        for name, span in other["phase_at"].items():
+            assert not overlap(mine["phase_at"]["replay"], span), (name, mine, other)
+    # both were in flight at once: one waited for the other's replay (6 items of 1 s, loads
+    # of about the same length before them), and its own seconds, the wait not counted, stayed
+    # under its cap
+    assert max(a["host_wait_s"], b["host_wait_s"]) > 2.0

@@ -387,8 +387,9 @@ def test_the_stream_search_starts_a_candidate_only_when_its_estimate_fits(tiny, 
         def monotonic():
             return clock[0]
 
-    def fake(spec, timeout_s):
-        caps.append((spec["variant"], timeout_s))
+    def fake(spec, timeout_s, *, own_cap_s=None, host_lock=None):
+        assert host_lock is None and timeout_s == 200.0 - clock[0]  # one at a time on the CPU
+        caps.append((spec["variant"], own_cap_s))
         n = compiles[spec["variant"]]
         wall = 10.0 + 20.0 * n
         clock[0] += wall
@@ -429,3 +430,41 @@ def test_the_stream_search_starts_a_candidate_only_when_its_estimate_fits(tiny, 
     }
     assert search["estimate"]["fixed_s"] == 10.0 and search["estimate"]["per_compile_s"] == 20.0
     assert [t["stream"]["estimate_s"] for t in doc["trials"]] == [None, 50.0, 50.0, 30.0]
+
+
+def test_with_two_slots_the_first_trial_runs_alone_then_two_at_once(tiny, monkeypatch):
+    import threading
+    import time
+
+    from torchkiln import cli_stream
+    from torchkiln.tune import stream_search
+
+    factory, trace = tiny
+    spans, locks = {}, set()
+    gate = threading.Lock()
+
+    def fake(spec, timeout_s, *, own_cap_s=None, host_lock=None):
+        t0 = time.monotonic()
+        time.sleep(0.3)
+        with gate:
+            spans[spec["variant"]] = (t0, time.monotonic())
+            locks.add(host_lock)
+        return {"variant": spec["variant"], "status": "incorrect", "mismatched_items": [0],
+                "process_wall_s": 0.3, "host_wait_s": 0.0, "compile_time_s": 0.1}  # fmt: skip
+
+    monkeypatch.setenv("KILN_COMPILE_WORKERS", "2")
+    monkeypatch.setattr(cli_stream, "run_stream_trial", fake)
+    doc = stream_search.tune_stream(
+        factory, device="cpu", preset="tiny", batch_size=None, budget_s=600,
+        allow_precision=set(), out=Path(trace).parent / "out", stream=str(trace),
+        stream_len=None,
+    )  # fmt: skip
+    search = doc["stages"]["search"]
+    assert search["in_flight"] == {"trials": 2, "why": "2 at once (asked for)"}
+    assert len(spans) == len(search["order"]) == 6 and not search["skipped"]
+    assert len(locks) == 1 and None not in locks  # one pool lock file, passed to every trial
+    first = spans[search["order"][0]]
+    assert all(s[0] >= first[1] for v, s in spans.items() if v != search["order"][0])
+    rest = sorted(s for v, s in spans.items() if v != search["order"][0])
+    assert any(a[1] > b[0] for a, b in zip(rest, rest[1:], strict=False))  # two at once
+    assert [t["variant"] for t in doc["trials"]] == search["order"]  # in the order started

@@ -82,13 +82,24 @@ def cmd_bench_stream(args: argparse.Namespace, device: str, variants: list[str])
     return 0
 
 
-def run_stream_trial(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+def run_stream_trial(
+    spec: dict[str, Any],
+    timeout_s: float,
+    *,
+    own_cap_s: float | None = None,
+    host_lock: str | None = None,
+) -> dict[str, Any]:
     """One candidate's replay in a fresh process: on timeout its whole process group is ended
     (Inductor's compile workers too), a Ctrl-C ends it, and with KILN_HOST_TURNS it holds an
     exclusive turn throughout (its compiles and timed items interleave). Its compile caches
     (Inductor's, Triton's) are its own and start empty, so every compile it counts is one it
     paid: with the user's default cache, a candidate replayed before (by another tune, or a
-    twin in this one) would load its code and read as compiling faster than it does."""
+    twin in this one) would load its code and read as compiling faster than it does.
+
+    With ``host_lock`` (a pool's lock file: several trials in flight) the trial takes turns on
+    it phase by phase (runner.protocol.stream_progress), and ``own_cap_s`` stops it once its
+    own seconds, its waits for a turn not counted, pass the cap; ``timeout_s`` is the wall
+    limit either way."""
     from torchkiln.diagnose._subproc import run_module
     from torchkiln.runner.protocol import stream_progress
 
@@ -100,21 +111,38 @@ def run_stream_trial(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
             "TORCHINDUCTOR_CACHE_DIR": str(Path(tmp) / "cache" / "inductor"),
             "TRITON_CACHE_DIR": str(Path(tmp) / "cache" / "triton"),
         }
+        capped: list[float] = []
+
+        def over(elapsed_s: float) -> bool:
+            if own_cap_s is None or elapsed_s <= own_cap_s:
+                return False  # its own seconds cannot be more than its wall seconds
+            own = stream_progress.own_seconds(stream_progress.read(pp), elapsed_s)
+            if own > own_cap_s:
+                capped.append(elapsed_s)
+            return bool(capped)
+
         proc = run_module(
             "torchkiln.runner.protocol.stream_trial",
             [str(sp), str(op)],
             timeout=timeout_s,
             timed=True,
             env=caches,
+            own_turns=host_lock,
+            over=over,
         )
         # where a trial that left no result was: its time limit or crash explained by it
         progress = stream_progress.read(pp)
         at = stream_progress.describe(progress)
         if proc.timed_out:
+            limit = f"{timeout_s:.0f} s"
+            if capped:
+                limit = f"its cap of {own_cap_s:.0f} s"
+                if host_lock is not None:
+                    limit += f" (after {capped[0]:.0f} s, its waits for the host not counted)"
             return {
                 "variant": spec["variant"],
                 "status": "timeout",
-                "error": f"the trial ran past {timeout_s:.0f} s, {at}",
+                "error": f"the trial ran past {limit}, {at}",
                 "progress": progress,
             }
         if not op.is_file():

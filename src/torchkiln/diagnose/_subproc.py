@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +59,7 @@ def run_module(
     cwd: str | None = None,
     own_turns: str | None = None,
     timed: bool = False,
+    over: Callable[[float], bool] | None = None,
 ) -> ProcResult:
     """``python -m module args...``; on timeout the child's whole process group is killed
     (compile workers included), and whatever it printed so far is returned; on a stop
@@ -67,12 +68,13 @@ def run_module(
     Turns on the host (host_lock.py): with ``own_turns`` (a lock file) the child takes its own,
     shared for its busy work and exclusive for its timed steps (the profile worker); else this
     process holds a turn on KILN_HOST_TURNS's file, if set, while the child runs: shared, or
-    with ``timed`` exclusive (a child whose whole run is its timing, as a stream replay's)."""
+    with ``timed`` exclusive (a child whose whole run is its timing, as a stream replay's).
+    ``over(elapsed_s)``, polled, ends the child early as a timeout when it returns True."""
     if own_turns is not None:
         return _run(module, args, timeout=timeout, env={**(env or {}), HOST_LOCK_ENV: own_turns},
-                    cwd=cwd)  # fmt: skip
+                    cwd=cwd, over=over)  # fmt: skip
     with shared_turn(host_turns(), timed=timed):
-        return _run(module, args, timeout=timeout, env=env, cwd=cwd)
+        return _run(module, args, timeout=timeout, env=env, cwd=cwd, over=over)
 
 
 def _run(
@@ -82,6 +84,7 @@ def _run(
     timeout: float,
     env: Mapping[str, str | None] | None,
     cwd: str | None,
+    over: Callable[[float], bool] | None = None,
 ) -> ProcResult:
     start = time.perf_counter()
     # Own session: Inductor forks compile workers; killing the group ends them too.
@@ -104,7 +107,7 @@ def _run(
             except subprocess.TimeoutExpired:
                 if stopping():
                     raise TrialsStopped("the run was interrupted") from None
-                if remaining <= POLL_S:
+                if remaining <= POLL_S or (over is not None and over(time.perf_counter() - start)):
                     spawn.kill_group(proc)
                     out, err = proc.communicate()
                     timed_out = True

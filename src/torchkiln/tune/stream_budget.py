@@ -82,7 +82,8 @@ class StreamEstimator:
         if r.get("status") not in ("ok", "incorrect") or wall is None:
             return
         spent = compile_seconds(r)
-        fixed = max(0.0, float(wall) - spent)
+        # its own seconds: the waits for a turn on the host are its neighbours'
+        fixed = max(0.0, float(wall) - float(r.get("host_wait_s") or 0.0) - spent)
         per = spent / max(1, compiles)
         self.fixed_s = fixed if self.fixed_s is None else max(self.fixed_s, fixed)
         self.per_compile_s = per if self.per_compile_s is None else max(self.per_compile_s, per)
@@ -109,3 +110,22 @@ def trial_cap(estimate_s: float | None, room_s: float, last: bool) -> float:
     if estimate_s is None:
         return FIRST_TRIAL_SHARE * room_s
     return min(room_s, max(TRIAL_CAP_MIN_S, TRIAL_CAP_FACTOR * estimate_s))
+
+
+def stream_slots(device: str) -> tuple[list[int | None], str]:
+    """Stream trials in flight on this host, and why: on a GPU as many as may compile at once
+    in a fixed-input search (runner.launch.concurrency: the host's cores and memory, or
+    KILN_COMPILE_WORKERS), each trial's replay alone on the host; on the CPU one, where the
+    compiler and the timed items share the cores, unless KILN_COMPILE_WORKERS asks for more."""
+    import os
+
+    from torchkiln.runner.launch import concurrency
+
+    asked = os.environ.get(concurrency.COMPILE_WORKERS_ENV)
+    if asked:
+        n = concurrency.parse_workers(asked, concurrency.COMPILE_WORKERS_ENV)
+        return [None] * n, f"{n} at once (asked for)"
+    if not device.startswith("cuda"):
+        return [None], "1 at once: on the CPU the compiler and the timed items share the cores"
+    n, why = concurrency.auto_workers(os.cpu_count(), concurrency._host_memory_bytes(), None, None)
+    return [None] * n, f"{why}; each replay alone on the host"

@@ -21,6 +21,7 @@ from torchkiln.tune.stream_budget import (
     TRIAL_CAP_FACTOR,
     StreamEstimator,
     expected_compiles,
+    stream_slots,
     trial_cap,
     trial_order,
 )
@@ -161,6 +162,84 @@ def _select(trials: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _search(
+    order: list[StreamCandidate],
+    compiles: dict[str, int],
+    base: dict[str, Any],
+    left: Any,
+    events: Any,
+    slots: list[int | None],
+) -> tuple[list[dict[str, Any]], dict[str, str], StreamEstimator]:
+    """Run the candidates in ``order`` within the budget, several at once with several
+    ``slots`` (runner.launch.executors.stream: their phases take turns on the host, the
+    replays one at a time). The first runs alone and teaches the estimate; after it, a
+    candidate starts only when its estimate fits what is left, capped at a multiple of it
+    (stream_budget). The results in the order the trials started, what was skipped and why,
+    and the estimate."""
+    from torchkiln import cli_stream
+    from torchkiln.runner.launch.executors import stream
+
+    queue = list(order)
+    skipped: dict[str, str] = {}
+    estimate = StreamEstimator()
+    done: list[tuple[int, dict[str, Any]]] = []
+    running: set[str] = set()
+    started = [0]
+
+    def skip(c: StreamCandidate, why: str) -> None:
+        skipped[c.name] = why
+        if events is not None:
+            events.skipped(c.name, why)
+
+    def next_trial() -> tuple[Any, dict[str, Any]] | None:
+        if running and estimate.fixed_s is None:
+            return None  # the first trial teaches the estimate the others need
+        while queue:
+            c = queue.pop(0)
+            room = left()
+            if room < MIN_TRIAL_S:
+                skip(c, f"the budget is spent ({max(0.0, room):.0f} s left)")
+                continue
+            need = estimate(compiles[c.name])
+            if need is not None and need > room:
+                skip(c, f"would not fit the budget (estimated {need:.0f} s for "
+                        f"{compiles[c.name]} compiles, {room:.0f} s left)")  # fmt: skip
+                continue
+            if events is not None:
+                events.stage("search", f"{c.name} on the stream", room)
+            cap = trial_cap(need, room, last=not queue and not running)
+            running.add(c.name)
+            tag = (started[0], c, need, cap, room)
+            started[0] += 1
+            return tag, {**base, "variant": c.name, "_limits": (room, cap)}
+        return None
+
+    def run_one(spec: dict[str, Any], gpu: int | None, host_lock: str | None = None) -> dict:
+        room, cap = spec.pop("_limits")
+        try:
+            return cli_stream.run_stream_trial(spec, room, own_cap_s=cap, host_lock=host_lock)
+        except Exception as exc:  # noqa: BLE001  (every failure becomes a reported status)
+            why = f"the search could not run the trial: {type(exc).__name__}: {exc}"
+            return {"variant": spec["variant"], "status": "error", "error": why}
+
+    def on_done(tag: Any, r: dict[str, Any]) -> None:
+        k, c, need, cap, room = tag
+        running.discard(c.name)
+        r["expected_compiles"] = compiles[c.name]
+        r["estimate_s"] = need
+        if r.get("status") == "timeout" and cap < room and "its cap of" in r.get("error", ""):
+            r["error"] += (
+                f" ({TRIAL_CAP_FACTOR:g}x its estimate of {need:.0f} s)"
+                if need is not None
+                else f" (the first trial's: {FIRST_TRIAL_SHARE:.0%} of the {room:.0f} s left)"
+            )
+        estimate.learn(c.name, compiles[c.name], r)
+        done.append((k, r))
+
+    stream(slots, next_trial, run_one, on_done)
+    return [r for _, r in sorted(done, key=lambda d: d[0])], skipped, estimate
+
+
 def tune_stream(
     workload: str,
     *,
@@ -196,43 +275,12 @@ def tune_stream(
         "stream": str(Path(stream).resolve()) if stream else None,
         "stream_len": stream_len,
     }
-    from torchkiln.cli_stream import run_stream_trial
-
-    raw: list[dict[str, Any]] = []
-    skipped: dict[str, str] = {}
     # Compiles expected of each candidate, and the estimates learned from each trial run
     # (stream_budget): a candidate starts only when its estimate fits what is left.
     compiles = {c.name: expected_compiles(c, items) for c in plan}
-    estimate = StreamEstimator()
     order = trial_order(plan, compiles)
-    for k, c in enumerate(order):
-        room = left()
-        if room < MIN_TRIAL_S:
-            skipped[c.name] = f"the budget is spent ({max(0.0, room):.0f} s left)"
-            continue
-        need = estimate(compiles[c.name])
-        if need is not None and need > room:
-            skipped[c.name] = (
-                f"would not fit the budget (estimated {need:.0f} s for {compiles[c.name]} "
-                f"compiles, {room:.0f} s left)"
-            )
-            if events is not None:
-                events.skipped(c.name, skipped[c.name])
-            continue
-        if events is not None:
-            events.stage("search", f"{c.name} on the stream", room)
-        cap = trial_cap(need, room, last=k == len(order) - 1)
-        r = run_stream_trial({**base, "variant": c.name}, cap)
-        r["expected_compiles"] = compiles[c.name]
-        r["estimate_s"] = need
-        if r.get("status") == "timeout" and cap < room:
-            r["error"] += (
-                f" (its cap: {TRIAL_CAP_FACTOR:g}x its estimate of {need:.0f} s)"
-                if need is not None
-                else f" (the first trial's cap: {FIRST_TRIAL_SHARE:.0%} of the {room:.0f} s left)"
-            )
-        estimate.learn(c.name, compiles[c.name], r)
-        raw.append(r)
+    slots, in_flight = stream_slots(device)
+    raw, skipped, estimate = _search(order, compiles, base, left, events, slots)
     errors = {r.get("error") for r in raw if r.get("status") == "error"}
     if raw and len(errors) == 1 and all(r.get("status") == "error" for r in raw):
         # the same refusal in every trial is the stream's fault, not a candidate's
@@ -268,6 +316,7 @@ def tune_stream(
                 "evidence": {"stream_items": len(items), "bucketing_refused": no_buckets},
                 "planned": [c.name for c in plan],
                 "order": [c.name for c in order],
+                "in_flight": {"trials": len(slots), "why": in_flight},
                 "expected_compiles": compiles,
                 "estimate": estimate.__dict__,
                 "skipped": skipped,

@@ -1,4 +1,4 @@
-"""Where a stream trial is, written to a file while it runs.
+"""Where a stream trial is, written to a file while it runs, and its turns on the host.
 
 A stream trial stopped at its time limit leaves no result: its process group is ended before it
 can write one. On an H100, a bert-base stream tune's eight trials all ran past their limits
@@ -6,6 +6,13 @@ can write one. On an H100, a bert-base stream tune's eight trials all ran past t
 buckets or to replaying items. The trial now keeps a small JSON file up to date (the phase, the
 buckets warmed, the items replayed, the graphs compiled and their seconds), and the search reads
 it when it stops the trial: `describe` turns it into the reason's second half.
+
+With several stream trials in flight on one GPU (KILN_HOST_LOCK, as the fixed-input search's
+pool sets it: runner/launch/host_lock.py) each phase takes its turn: loading shares the host,
+a bucketed warm-up takes a compile slot, and the replay, whose timed items and whatever it
+compiles interleave, holds the host alone. The file says while the trial waits for a turn, so
+the search's cap counts only the trial's own seconds, and the result keeps each phase's
+wall-clock interval (`phase_at`) and the seconds waited (`host_wait_s`).
 """
 
 from __future__ import annotations
@@ -21,6 +28,36 @@ from typing import Any
 WRITE_EVERY_S = 1.0
 
 _current: list[Progress] = []  # the trial process's own, once `start` is called
+# Each phase's turn on the host (host_lock.lock_mode): shared, a compile slot, alone.
+LOCK_PHASES = {"load": "setup", "warm-up": "first_call", "replay": "measure", "done": "done"}
+
+
+class _Turns:
+    """The phases' turns on the pool's lock file, if any, with their waits and intervals."""
+
+    def __init__(self) -> None:
+        from torchkiln.runner.launch.host_lock import HostLock
+
+        self.lock = HostLock.from_env()
+        self.waited = 0.0
+        self.at: dict[str, list[float | None]] = {}
+        self.current: str | None = None
+
+    def enter(self, name: str) -> None:
+        if self.current is not None:
+            self.at[self.current][1] = time.time()
+        if self.lock is not None:
+            for p in _current:
+                p.update(True, waiting_since=time.time())
+            self.waited += self.lock.enter(LOCK_PHASES.get(name, "setup"))
+            for p in _current:
+                p.update(True, waiting_since=None, waited_s=round(self.waited, 3))
+        self.current = None if name == "done" else name
+        if self.current is not None:
+            self.at[name] = [time.time(), None]
+
+
+_turns: list[_Turns] = []
 
 
 class Progress:
@@ -51,15 +88,41 @@ class Progress:
 
 
 def start(path: str | None) -> None:
-    """This process's progress goes to ``path`` (None: nowhere)."""
+    """This process's progress goes to ``path`` (None: nowhere); it takes turns on the host
+    when KILN_HOST_LOCK names a lock file."""
     _current[:] = [Progress(path)] if path else []
+    _turns[:] = [_Turns()]
     phase("load")
 
 
 def phase(name: str, **info: Any) -> None:
-    """The trial enters ``name`` (``load``, ``warm-up``, ``replay``); ``info`` adds counts."""
+    """The trial enters ``name`` (``load``, ``warm-up``, ``replay``), after its turn for it;
+    ``info`` adds counts."""
+    for t in _turns:
+        t.enter(name)
     for p in _current:
         p.update(True, phase=name, **info)
+
+
+def finish() -> dict[str, Any]:
+    """The trial is done (its turn released): the seconds it waited for turns and each phase's
+    wall-clock interval, for its result."""
+    if not _turns:
+        return {}
+    t = _turns[0]
+    t.enter("done")
+    return {"host_wait_s": round(t.waited, 3), "phase_at": t.at}
+
+
+def own_seconds(doc: dict[str, Any] | None, elapsed_s: float) -> float:
+    """The seconds of ``elapsed_s`` the trial spent on its own work: less its waits for a turn,
+    the one under way included."""
+    if not doc:
+        return elapsed_s
+    waited = float(doc.get("waited_s") or 0.0)
+    if doc.get("waiting_since") is not None:
+        waited += max(0.0, time.time() - float(doc["waiting_since"]))
+    return elapsed_s - waited
 
 
 def bucket(done: int, total: int) -> None:

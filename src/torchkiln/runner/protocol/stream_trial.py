@@ -179,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run(spec)
     except KilnUserError as exc:
         result = {"status": "error", "error": str(exc).splitlines()[0]}
+    result.update(stream_progress.finish())
     Path(out_path).write_text(json.dumps({"variant": spec["variant"], **result}, default=str))
     return 0
 
