@@ -22,8 +22,11 @@ A GPU call is limited to 10 minutes, so the work comes in parts, each one comman
   in one run. Each trial's result is written as it finishes (OUT/W-STEP-plain/<variant>.json): a
   killed call keeps what finished, and a rerun of the same command measures only what is missing.
   Each replay starts with empty Inductor and Triton caches, so its compiles cost what a first
-  run's do. No trial is started with less than --min-trial of --part-budget left; a trial cut
-  short by the part's budget (not by --trial-timeout) leaves no file, so the rerun measures it.
+  run's do. On a GPU several are in flight at once, as the tune's trials are (tune.stream_budget:
+  each replay alone on the host; --trial-timeout then caps a trial's own seconds, its waits for
+  a turn not counted). No trial is started with less than --min-trial of --part-budget left; a
+  trial cut short by the part's budget (not by --trial-timeout) leaves no file, so the rerun
+  measures it.
 - `--summarize`: runs nothing; combines the parts present into OUT/bench_stream.json (the
   environment, every command, every trial) with the goals judged, and prints the table: the
   pick, the best plain mode, their ratio of steady-state seconds per item (after the first 20% of
@@ -47,10 +50,7 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -166,26 +166,6 @@ def write_json(path: Path, doc: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-@contextmanager
-def fresh_caches() -> Iterator[None]:
-    """Inductor's and Triton's caches empty for the trial started inside: a stream trial's
-    seconds include its compiles, and a kernel cached by the tune (or an earlier trial of
-    the same graph) would make a replay's compiles look cheaper than a user's first run."""
-    keys = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
-    saved = {k: os.environ.get(k) for k in keys}
-    with tempfile.TemporaryDirectory(prefix="kiln-bench-stream-cache-") as tmp:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tmp) / "inductor")
-        os.environ["TRITON_CACHE_DIR"] = str(Path(tmp) / "triton")
-        try:
-            yield
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-
-
 def run_tune(args: argparse.Namespace, workload: str, step: str, out: Path, command: str) -> None:
     from torchkiln.tune import tune
 
@@ -222,6 +202,8 @@ def run_plain(
     args: argparse.Namespace, workload: str, step: str, out: Path, command: str, t0: float
 ) -> None:
     from torchkiln.cli_stream import run_stream_trial
+    from torchkiln.runner.launch.executors import stream
+    from torchkiln.tune.stream_budget import stream_slots
 
     results = tune_dir(out, workload, step) / "results.json"
     if not results.exists():
@@ -245,26 +227,48 @@ def run_plain(
     base |= {"stream": doc["stream"]["stream"], "stream_len": args.stream_len}
     budget = parse_budget(args.part_budget)
     invocation = f"{time.strftime('%Y-%m-%dT%H:%M:%S%z')} pid {os.getpid()}"
-    env = None
-    for v in todo:
-        left = budget - (time.monotonic() - t0)
-        if left < args.min_trial:
-            print(f"   not started: {v} ({left:.0f} s of --part-budget left); rerun to measure it")
-            continue
-        env = env or environment(args.device)
-        timeout = min(args.trial_timeout, left)
-        print(f"   {v} (up to {timeout:.0f} s)", flush=True)
-        with fresh_caches():
-            r = run_stream_trial({**base, "variant": v}, timeout)
-        if r.get("status") == "timeout" and timeout < args.trial_timeout:
+    env = environment(args.device) if todo else None
+    # as the tune runs its trials: several in flight on a GPU, each replay alone on the host
+    slots, why = stream_slots(args.device)
+    print(f"   {why}", flush=True)
+    queue = list(todo)
+
+    def next_trial() -> tuple[Any, dict[str, Any]] | None:
+        while queue:
+            v = queue.pop(0)
+            left = budget - (time.monotonic() - t0)
+            if left < args.min_trial:
+                print(f"   not started: {v} ({left:.0f} s of --part-budget left); rerun for it")
+                continue
+            print(f"   {v} (up to {min(args.trial_timeout, left):.0f} s)", flush=True)
+            return v, {**base, "variant": v, "_left": left}
+        return None
+
+    def run_one(spec: dict[str, Any], gpu: int | None, host_lock: str | None = None) -> dict:
+        left = spec.pop("_left")
+        if host_lock is None:  # one at a time: its wall is its own time
+            r = run_stream_trial(spec, min(args.trial_timeout, left))
+            by_part = left < args.trial_timeout
+        else:
+            # in flight with others: --trial-timeout caps its own seconds (its waits for a turn
+            # on the host not counted), the part's budget its wall
+            r = run_stream_trial(spec, left, own_cap_s=args.trial_timeout, host_lock=host_lock)
+            by_part = "past its cap" not in (r.get("error") or "")
+        r["_by_part"] = r.get("status") == "timeout" and by_part
+        return r
+
+    def on_done(v: str, r: dict[str, Any]) -> None:
+        if r.pop("_by_part"):
             print(f"   {v}: stopped by --part-budget, not by its own limit; rerun to measure it")
-            continue
+            return
         role = "pick" if v == pick else "plain"
         write_json(
             trial_file(d, v),
             {**r, "role": role, "command": command, "invocation": invocation, "environment": env},
         )
         print(f"   {v}: {r.get('status')} {_total(r)}", flush=True)
+
+    stream(slots, next_trial, run_one, on_done)
 
 
 def _total(r: dict[str, Any]) -> str:

@@ -202,8 +202,9 @@ def _search(
                 continue
             need = estimate(compiles[c.name])
             if need is not None and need > room:
-                skip(c, f"would not fit the budget (estimated {need:.0f} s for "
-                        f"{compiles[c.name]} compiles, {room:.0f} s left)")  # fmt: skip
+                n = compiles[c.name]
+                skip(c, f"would not fit the budget (estimated {need:.0f} s for {n} "
+                        f"compile{'s' * (n != 1)}, {room:.0f} s left)")  # fmt: skip
                 continue
             if events is not None:
                 events.stage("search", f"{c.name} on the stream", room)
