@@ -27,6 +27,22 @@ def make(preset="full", batch_size=None, **_):
 """
 
 
+def _sleepy_spec(tmp_path, rounds):
+    """A stream trial's spec: the sleepy model on ``rounds`` x three shapes."""
+    (tmp_path / "sleepy.py").write_text(SLEEPY)
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(f'{{"batch": 2, "seq": {s}}}\n' for s in [3, 5, 7] * rounds))
+    return {
+        "workload": f"{tmp_path / 'sleepy.py'}:make",
+        "step": "infer",
+        "preset": "full",
+        "batch_size": None,
+        "device": "cpu",
+        "stream": str(trace),
+        "stream_len": None,
+    }
+
+
 def test_the_reason_says_where_the_trial_was():
     d = stream_progress.describe
     assert d(None) == "before it wrote any progress (starting)"
@@ -68,19 +84,7 @@ def test_progress_is_written_whole_at_each_phase_and_throttled_per_item(tmp_path
 def test_a_stream_trial_past_its_limit_says_how_far_it_replayed(tmp_path):
     from torchkiln.cli_stream import run_stream_trial
 
-    (tmp_path / "sleepy.py").write_text(SLEEPY)
-    trace = tmp_path / "t.jsonl"
-    trace.write_text("".join(f'{{"batch": 2, "seq": {s}}}\n' for s in [3, 5, 7] * 10))
-    spec = {
-        "workload": f"{tmp_path / 'sleepy.py'}:make",
-        "step": "infer",
-        "preset": "full",
-        "batch_size": None,
-        "device": "cpu",
-        "stream": str(trace),
-        "stream_len": None,
-        "variant": "eager",
-    }
+    spec = {**_sleepy_spec(tmp_path, 10), "variant": "eager"}
     # 30 items, each a second (eager's call and the candidate's): far past the limit
     r = run_stream_trial(spec, 12.0)
     assert r["status"] == "timeout"
@@ -105,17 +109,7 @@ def test_stream_trials_in_flight_together_replay_one_at_a_time(tmp_path):
     from torchkiln.runner.launch.executors import host_lock_file
     from torchkiln.runner.launch.host_lock import remove_lock_files, set_compile_slots
 
-    (tmp_path / "sleepy.py").write_text(SLEEPY)
-    trace = tmp_path / "t.jsonl"
-    trace.write_text("".join(f'{{"batch": 2, "seq": {s}}}\n' for s in [3, 5, 7] * 2))
-    spec = {
-        "workload": f"{tmp_path / 'sleepy.py'}:make",
-        "step": "infer",
-        "preset": "full",
-        "device": "cpu",
-        "stream": str(trace),
-        "stream_len": None,
-    }
+    spec = _sleepy_spec(tmp_path, 2)
     lock = host_lock_file()
     set_compile_slots(lock, 2)
     variants = ["eager+bucket=pow2", "eager"]
