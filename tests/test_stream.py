@@ -106,6 +106,22 @@ def test_steady_items_split_by_whether_their_shape_was_seen_before():
     assert r["steady_cudagraph_recordings"] in (0, None)
 
 
+def test_the_steady_part_is_announced_once_before_its_first_item():
+    """``on_steady`` (where a trial in flight with others takes the host alone) is called once,
+    after the warm-up items and before the first steady item runs."""
+    seen: list[str] = []
+
+    def model(x):
+        seen.append(f"call {x.shape[1]}")
+        return x * 2
+
+    s = Stream.from_sizes(_make, [{"batch": 1, "seq": n} for n in (3, 4, 5, 6, 7)])
+    replay(model, model, s, warmup_fraction=0.4, on_steady=lambda: seen.append("steady"))
+    # the untimed prime on item 0, then each item twice (eager, candidate); steady before 5
+    assert seen == ["call 3", *[f"call {n}" for n in (3, 3, 4, 4)], "steady",
+                    *[f"call {n}" for n in (5, 5, 6, 6, 7, 7)]]  # fmt: skip
+
+
 def _kiln(*argv: str):
     import os
     import subprocess

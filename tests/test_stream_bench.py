@@ -35,6 +35,14 @@ def test_a_bf16_pick_faces_the_four_plain_modes_at_bf16_after_itself():
         "inductor:mode=max-autotune-no-cudagraphs+bf16",
         "inductor:mode=max-autotune+bf16",
     ]
+    # started longest compile first, the rest in that order
+    assert b.start_order(b.replayed_variants(pick, MODES, ("bf16",))) == [
+        "inductor:mode=max-autotune-no-cudagraphs+bf16",
+        "inductor:mode=max-autotune+bf16",
+        pick,
+        "inductor+bf16",
+        "inductor:mode=reduce-overhead+bf16",
+    ]
 
 
 def test_an_fp32_or_eager_pick_also_faces_the_plain_modes_at_bf16():

@@ -56,12 +56,15 @@ def replay(
     check: Callable[[Any, Any], bool] | None = None,
     prime: Callable[..., Any] | None = None,
     on_item: Callable[[int, int], None] | None = None,
+    on_steady: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Per-item times of ``candidate`` and ``eager`` over ``stream`` and the compiler's counters
     during the replay. ``check(candidate_out, eager_out)`` marks an item mismatched when False.
     ``prime`` is eager's untimed first call on item 0 (default ``eager`` itself; a training
     replay primes without an optimizer step, so eager's weights stay paired with the candidate's).
-    ``on_item(done, total)`` is told after each item (a trial's progress file).
+    ``on_item(done, total)`` is told after each item (a trial's progress file);
+    ``on_steady()`` before the first steady item (a trial in flight with others takes the host
+    alone from there: stream_progress.py).
     """
     if not 0 <= warmup_fraction < 1:
         raise ValueError(f"warmup_fraction={warmup_fraction} must be in [0, 1)")
@@ -92,6 +95,8 @@ def replay(
         first_seen.append(shape not in seen)
         seen.add(shape)
         if i == k:
+            if on_steady is not None:
+                on_steady()
             steady_before = compile_watch.snapshot()
         x = _to(x, device)
         try:

@@ -115,7 +115,7 @@ def trial_cap(estimate_s: float | None, room_s: float, last: bool) -> float:
 def stream_slots(device: str) -> tuple[list[int | None], str]:
     """Stream trials in flight on this host, and why: on a GPU as many as may compile at once
     in a fixed-input search (runner.launch.concurrency: the host's cores and memory, or
-    KILN_COMPILE_WORKERS), each trial's replay alone on the host; on the CPU one, where the
+    KILN_COMPILE_WORKERS), each trial's steady items alone on the host; on the CPU one, where the
     compiler and the timed items share the cores, unless KILN_COMPILE_WORKERS asks for more."""
     import os
 
@@ -128,4 +128,4 @@ def stream_slots(device: str) -> tuple[list[int | None], str]:
     if not device.startswith("cuda"):
         return [None], "1 at once: on the CPU the compiler and the timed items share the cores"
     n, why = concurrency.auto_workers(os.cpu_count(), concurrency._host_memory_bytes(), None, None)
-    return [None] * n, f"{why}; each replay alone on the host"
+    return [None] * n, f"{why}; each replay's steady items alone on the host"

@@ -172,8 +172,8 @@ def _search(
 ) -> tuple[list[dict[str, Any]], dict[str, str], StreamEstimator]:
     """Run the candidates in ``order`` within the budget, several at once with several
     ``slots`` (runner.launch.executors.stream: their phases take turns on the host, the
-    replays one at a time). The first runs alone and teaches the estimate; after it, a
-    candidate starts only when its estimate fits what is left, capped at a multiple of it
+    steady items of one replay at a time). The first runs alone and teaches the estimate; after
+    it, a candidate starts only when its estimate fits what is left, capped at a multiple of it
     (stream_budget). The results in the order the trials started, what was skipped and why,
     and the estimate."""
     from torchkiln import cli_stream

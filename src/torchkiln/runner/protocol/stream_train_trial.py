@@ -127,6 +127,7 @@ def run_train(spec: dict[str, Any], cand: Any, variant: Any, tol: float) -> dict
         check=check,
         prime=as_item_fn(prime),
         on_item=stream_progress.item,
+        on_steady=stream_progress.steady,
     )
     out.update(setup)
     out.update(check.report())

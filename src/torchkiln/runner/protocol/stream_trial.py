@@ -140,6 +140,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         warmup_fraction=warmup_fraction,
         check=lambda a, b: _close(a, b, tol, tol),
         on_item=stream_progress.item,
+        on_steady=stream_progress.steady,
     )
     out.update(setup)
     if bucketed is not None:
