@@ -59,6 +59,18 @@ def test_the_reason_says_where_the_trial_was():
     assert d({"phase": "replay", "items": 9, "items_done": 0, "compiles": None}) == (
         "while replaying item 1 of 9"
     )
+    # every bucket warm, the trial waiting for its turn to replay since 100 s ago, after 50 s
+    # of earlier waits: the whole wait is said, as the limit counted it
+    waiting = {**warm, "buckets_done": 4, "waiting_since": 1000.0, "waited_s": 50.0}
+    assert d(waiting, now=1100.0) == (
+        "after warming up its 4 buckets, waiting for its turn on the host (150 s of waits in "
+        "all); 2 graphs compiled in 58 s"
+    )
+    # not waiting now, but it did: the seconds said after where it was
+    assert d({**replay, "waited_s": 130.4}) == (
+        "while replaying item 341 of 2000 (after 130 s of waits for turns on the host); "
+        "1 graph compiled"
+    )
 
 
 def test_progress_is_written_whole_at_each_phase_and_throttled_per_item(tmp_path):

@@ -163,8 +163,10 @@ def read(path: str | Path) -> dict[str, Any] | None:
     return json.loads(p.read_text()) if p.is_file() else None
 
 
-def describe(doc: dict[str, Any] | None) -> str:
-    """Where the trial was, as ``while replaying item 16 of 30; 2 graphs compiled in 14 s``."""
+def describe(doc: dict[str, Any] | None, now: float | None = None) -> str:
+    """Where the trial was, as ``while replaying item 16 of 30; 2 graphs compiled in 14 s``,
+    and, when it waited for turns on the host, how long (``now``: time.time(), for a wait
+    still under way)."""
     if not doc:
         return "before it wrote any progress (starting)"
     where = {
@@ -172,10 +174,19 @@ def describe(doc: dict[str, Any] | None) -> str:
         "load": "while loading the model and its stream",
     }.get(doc["phase"], f"in {doc['phase']}")
     if doc["phase"] == "warm-up":
-        n = doc.get("buckets", "?")
-        where = f"while warming up bucket {doc.get('buckets_done', 0) + 1} of {n}"
+        n, done = doc.get("buckets", "?"), doc.get("buckets_done", 0)
+        where = f"while warming up bucket {done + 1} of {n}"
+        if isinstance(n, int) and done >= n:
+            where = f"after warming up its {n} buckets"
     elif doc["phase"] in ("replay", "steady"):
         where = f"while replaying item {doc.get('items_done', 0) + 1} of {doc.get('items', '?')}"
+    waited = float(doc.get("waited_s") or 0.0)
+    if doc.get("waiting_since") is not None:
+        # the phase named is the last one entered: the trial was waiting to leave it
+        waited += max(0.0, (time.time() if now is None else now) - float(doc["waiting_since"]))
+        where += f", waiting for its turn on the host ({waited:.0f} s of waits in all)"
+    elif waited >= 1.0:
+        where += f" (after {waited:.0f} s of waits for turns on the host)"
     if doc.get("compiles") is None:
         return where
     graphs = "graph" if doc["compiles"] == 1 else "graphs"
