@@ -64,3 +64,22 @@ def test_both_verdicts_reach_the_tune_report_and_the_pick():
     md = _report_md(doc)
     assert "| 75% | 0 | compilation dominates this stream" in md
     assert "The pick: CUDA graphs re-recorded 4 times" in md
+
+
+def test_unseen_shapes_after_warm_up_dominate_the_steady_state():
+    # plain torch.compile on the H200 bert-base stream: 124 new-shape items after warm-up took
+    # 6.39 s, the 1,476 seen ones 8.12 s, and dynamo counted no compile after warm-up
+    m = {"steady_first_seen_items": 124, "steady_first_seen_s": 6.39,
+         "steady_seen_items": 1476, "steady_seen_s": 8.12, "steady_compiles": 0}  # fmt: skip
+    assert stream_verdicts(m) == [
+        "unseen shapes dominate the steady state: 124 items of shapes new after warm-up took "
+        "6.39 s, 44% of the steady seconds (51.5 ms an item against 5.5 ms for shapes seen before; "
+        "nothing compiled after warm-up: kernels specialised or autotuned per size)"
+    ]
+    # recompiles after warm-up are said as the cause
+    assert "3 compiles after warm-up)" in stream_verdicts({**m, "steady_compiles": 3})[0]
+    # a quarter of the steady seconds or less: no verdict; none without the split, nor with
+    # no new shape after warm-up (a bucketed candidate's replay, say)
+    assert stream_verdicts({**m, "steady_first_seen_s": 2.7}) == []
+    assert stream_verdicts({**m, "steady_first_seen_s": None}) == []
+    assert stream_verdicts({**m, "steady_first_seen_items": 0, "steady_first_seen_s": 0.0}) == []
