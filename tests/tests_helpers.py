@@ -75,3 +75,21 @@ def synthetic_tune_doc() -> dict:
             _trial("inductor:fullgraph=true", 0, 0, 0, status="compile_error"),
         ],
     }
+
+
+def assert_stream_pick(sel, streams):
+    """A stream tune's pick (``sel``: results.json's selection; ``streams``: each measured
+    candidate's stream metrics) is the fastest after warm-up or, where candidates could not be
+    told apart from it, the one of them with the least compile and warm-up seconds."""
+    from torchkiln.tune.stream_ties import one_off_s
+
+    fastest = min(sel["steady_s_per_item"], key=sel["steady_s_per_item"].get)
+    assert sel["ranking"][0] == fastest
+    for v, r in sel["steady_vs_fastest"].items():
+        assert (v in sel["tied"]) == (r["ci95"][0] <= 1.0)
+    if not sel["tied"]:
+        assert sel["best"] == fastest
+        return
+    assert sel["tied"][0] == fastest and sel["best"] in sel["tied"]
+    assert sel["best"] == min(sel["tied"], key=lambda v: one_off_s(streams[v]))
+    assert sel["best"] == fastest or sel["reason"].startswith("tie: ")

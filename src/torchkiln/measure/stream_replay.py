@@ -136,6 +136,10 @@ def replay(
         "speedup": float(e.sum() / c.sum()),
         "steady_speedup": float(e[k:].sum() / c[k:].sum()),
         "steady_speedup_median_paired": float(np.median(ratios)),
+        # each steady item's seconds, the candidate's and eager's: what a comparison of two
+        # candidates on the same stream resamples (tune.stream_ties)
+        "steady_item_s": [round(float(x), 7) for x in c[k:]],
+        "eager_steady_item_s": [round(float(x), 7) for x in e[k:]],
         "steady_first_seen_items": int(new.sum()),
         "steady_first_seen_s": float(c[k:][new].sum()),
         "steady_seen_items": int((~new).sum()),

@@ -1,6 +1,7 @@
 """`kiln tune --stream`: the search measures each shape candidate (tune.stream_plan) on the
 stream, each in its own process, paired per item with eager on the same stream, and picks the
-fastest correct one over the whole stream (compiles and a bucketed candidate's warm-up included).
+fastest correct one after warm-up (of those it cannot tell apart from the fastest, the cheapest
+to warm up: tune.stream_ties), with what the stream cost each in compiles and warm-up beside it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from torchkiln.diagnose.stream_cost import compile_share, stream_verdicts
 from torchkiln.errors import KilnUserError
 from torchkiln.runner.protocol.trial import TRIAL_SCHEMA
 from torchkiln.runner.protocol.worker import write_json
-from torchkiln.tune import recommend
+from torchkiln.tune import recommend, stream_ties
 from torchkiln.tune.results_header import results_header
 from torchkiln.tune.stream_budget import (
     FIRST_TRIAL_SHARE,
@@ -115,6 +116,7 @@ def _select(trials: list[dict[str, Any]]) -> dict[str, Any]:
             "best": None,
             "reason": "no candidate replayed the stream correctly",
             "tied": [],
+            "steady_vs_fastest": {},
             "ranking": [],
             "break_even_steps": {},
             "rejected": rejected,
@@ -127,6 +129,10 @@ def _select(trials: list[dict[str, Any]]) -> dict[str, Any]:
     totals["eager"] = statistics.median(t["stream"]["eager_total_s"] for t in ok)
     ranking = sorted(steady, key=steady.get)
     best = ranking[0]
+    ties: dict[str, Any] = {"tied": [], "vs_fastest": {}, "reason": None}
+    if best != "eager":
+        ties = stream_ties.settle(ranking, {t["variant"]: t["stream"] for t in ok})
+        best = ties["best"]
     # the one-off seconds (compiles, warm-up) over what the stream would take at the steady
     # rate, repaid by the steady gain over eager on each item
     break_even: dict[str, int | None] = {}
@@ -147,12 +153,15 @@ def _select(trials: list[dict[str, Any]]) -> dict[str, Any]:
             f"over the whole stream, compiles and warm-up included, {totals[best]:.3f} s "
             f"against eager's {totals['eager']:.3f} s"
         )
+        if ties["reason"]:
+            reason = f"{ties['reason']}: {reason.split(': ', 1)[1]}"
         if break_even.get(best):
             reason += f", repaid after {break_even[best]} items"
     return {
         "best": best,
         "reason": reason,
-        "tied": [],
+        "tied": ties["tied"],
+        "steady_vs_fastest": ties["vs_fastest"],
         "ranking": ranking,
         "break_even_steps": break_even,
         "rejected": rejected,
