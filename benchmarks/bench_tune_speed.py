@@ -29,6 +29,11 @@ and prints the table. The parts, and the goal each is judged against:
   place, after a different profile verdict, is measured again) and has a fresh 15-minute budget
   of its own, so it is a 15-minute tune's plan, not one 15-minute process. (b) the same pick as
   `tune8:W`. Each call's wall and reused trials are recorded.
+- `autotuned:resnet50` `kiln tune resnet50 --budget 8m --variants` the max-autotune candidates
+  of resnet50 training's default plan alone (AUTOTUNED). Where `tune8:resnet50` leaves some
+  unmeasured, this says whether they fit the budget even with nothing else planned: if they do
+  not, (a) cannot hold for that plan on that host, whatever the order of the others. Each
+  candidate's first call (its compile) is recorded.
 - `loop` the hand loop: five arms of GPT-2 small (eager fp32, eager bf16, default, reduce-overhead
   and max-autotune at bf16), each `benchmarks/plain_loop.py` in a fresh python with empty
   Inductor and Triton caches (a kiln trial's compile cache starts empty too), one after another;
@@ -71,7 +76,24 @@ ARMS = [
     ("reduce-overhead", "bf16"),
     ("max-autotune", "bf16"),
 ]
-PARTS = ["loop", "arms:gpt2", *(f"tune8:{w}" for w in WORKLOADS), *(f"ref:{w}" for w in WORKLOADS)]
+# The max-autotune candidates of resnet50 training's default plan, as an H100 tune planned and
+# refined them (tune_speed/h100/tune8-resnet50-results.json: stages.search.planned, refined).
+AUTOTUNED = {
+    "resnet50": [
+        "inductor:mode=max-autotune,fullgraph=true,dynamic=false+bf16",
+        "inductor:mode=max-autotune-no-cudagraphs,fullgraph=true,dynamic=false+bf16",
+        "inductor:mode=max-autotune,dynamic=false,scope=step+bf16",
+        "inductor:mode=max-autotune,fullgraph=true,dynamic=false",
+        "inductor:mode=max-autotune-no-cudagraphs,fullgraph=true,dynamic=false",
+    ]
+}
+PARTS = [
+    "loop",
+    "arms:gpt2",
+    *(f"tune8:{w}" for w in WORKLOADS),
+    *(f"ref:{w}" for w in WORKLOADS),
+    *(f"autotuned:{w}" for w in AUTOTUNED),
+]
 GOAL_OVERHEAD_S = 5.0
 GOAL_ARMS_OVER_LOOP = 1.2
 
@@ -300,10 +322,12 @@ def part_tune(args: argparse.Namespace, name: str, out: Path) -> dict[str, Any]:
         budget, extra = args.ref_budget, ()
         had = len(list(run.glob("trials/*/result.json")))
     else:
-        budget = args.budget if kind == "tune8" else args.arms_budget
+        budget = args.arms_budget if kind == "arms" else args.budget
         extra = ()
         if kind == "arms":
             extra = ("--variants", ",".join(arm_spec(m, p) for m, p in ARMS[1:]))
+        elif kind == "autotuned":
+            extra = ("--variants", ",".join(AUTOTUNED[workload]))
         shutil.rmtree(run, ignore_errors=True)  # a fresh tune: nothing reused
         had = 0
     run.mkdir(parents=True, exist_ok=True)
@@ -345,6 +369,10 @@ def part_tune(args: argparse.Namespace, name: str, out: Path) -> dict[str, Any]:
         part.update(call)
     if doc is not None:
         part.update(tune_summary(doc))
+        if kind == "autotuned":
+            part["first_call_s"] = {
+                t["variant"]: (t.get("phase_s") or {}).get("first_call") for t in doc["trials"]
+            }
     return part
 
 
@@ -425,6 +453,11 @@ def judge(parts: dict[str, dict[str, Any]]) -> dict[str, Any]:
             g["b_same_pick_as_15m"] = t8["pick"] == ref["pick"]
         if ref and ref.get("aa"):
             g["aa_holds_15m"] = aa_holds(ref["aa"]["median"], ref["aa"]["ci95"])
+        alone = parts.get(f"autotuned:{w}")
+        if alone and alone.get("plan"):
+            # false: the max-autotune candidates alone do not fit the budget, so (a) cannot
+            # hold for this plan on this host
+            g["a_bound_autotuned_alone_fit"] = alone["plan"]["every_candidate_ran"]
         goals[w] = g
     loop, arms = parts.get("loop"), parts.get("arms:gpt2")
     if loop and arms and loop.get("complete") and arms.get("wall_s"):

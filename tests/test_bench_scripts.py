@@ -339,3 +339,9 @@ def test_tune_speed_judges_the_plan_the_overhead_the_aa_check_and_the_loop():
         ]["goal"]
         is False
     )
+    # The max-autotune candidates alone: whether they fit the budget is the bound on (a).
+    alone = {"plan": {"every_candidate_ran": False}}
+    goals = ts.judge({"autotuned:resnet50": alone})
+    assert goals["resnet50"]["a_bound_autotuned_alone_fit"] is False
+    assert "a_bound_autotuned_alone_fit" not in goals["gpt2"]
+    assert all("max-autotune" in v for v in ts.AUTOTUNED["resnet50"])
