@@ -185,6 +185,16 @@ def test_tune_on_a_stream_picks_the_fastest_correct_candidate(tiny, tmp_path):
     assert f"pick: {sel['best']}" in p.stdout
 
 
+def _tune_on_trace(stream_search, factory, trace, budget_s):
+    """A stream tune of the tiny model on ``trace`` on the CPU, with the trial runner as the
+    caller patched it."""
+    return stream_search.tune_stream(
+        factory, device="cpu", preset="tiny", batch_size=None, budget_s=budget_s,
+        allow_precision=set(), out=Path(trace).parent / "out", stream=str(trace),
+        stream_len=None,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "line, needle",
     [
@@ -409,11 +419,7 @@ def test_the_stream_search_starts_a_candidate_only_when_its_estimate_fits(tiny, 
     }
     monkeypatch.setattr(cli_stream, "run_stream_trial", fake)
     monkeypatch.setattr(stream_search, "time", Clock)
-    doc = stream_search.tune_stream(
-        factory, device="cpu", preset="tiny", batch_size=None, budget_s=200,
-        allow_precision=set(), out=Path(trace).parent / "out", stream=str(trace),
-        stream_len=None,
-    )  # fmt: skip
+    doc = _tune_on_trace(stream_search, factory, trace, 200)
     search = doc["stages"]["search"]
     assert search["expected_compiles"] == compiles
     assert caps == [
@@ -454,11 +460,7 @@ def test_with_two_slots_the_first_trial_runs_alone_then_two_at_once(tiny, monkey
 
     monkeypatch.setenv("KILN_COMPILE_WORKERS", "2")
     monkeypatch.setattr(cli_stream, "run_stream_trial", fake)
-    doc = stream_search.tune_stream(
-        factory, device="cpu", preset="tiny", batch_size=None, budget_s=600,
-        allow_precision=set(), out=Path(trace).parent / "out", stream=str(trace),
-        stream_len=None,
-    )  # fmt: skip
+    doc = _tune_on_trace(stream_search, factory, trace, 600)
     search = doc["stages"]["search"]
     assert search["in_flight"] == {"trials": 2, "why": "2 at once (asked for)"}
     assert len(spans) == len(search["order"]) == 6 and not search["skipped"]

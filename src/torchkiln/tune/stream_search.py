@@ -147,14 +147,13 @@ def _select(trials: list[dict[str, Any]]) -> dict[str, Any]:
             f"item); the fastest, {ranking[1]}, took {steady[ranking[1]] * 1e3:.3f} ms"
         )
     else:
+        head = ties["reason"] or "the fastest correct candidate after warm-up"
         reason = (
-            f"the fastest correct candidate after warm-up: {steady[best] * 1e3:.3f} ms an item "
+            f"{head}: {steady[best] * 1e3:.3f} ms an item "
             f"against eager's {eager_item * 1e3:.3f} ms ({eager_item / steady[best]:.2f}x); "
             f"over the whole stream, compiles and warm-up included, {totals[best]:.3f} s "
             f"against eager's {totals['eager']:.3f} s"
         )
-        if ties["reason"]:
-            reason = f"{ties['reason']}: {reason.split(': ', 1)[1]}"
         if break_even.get(best):
             reason += f", repaid after {break_even[best]} items"
     return {
