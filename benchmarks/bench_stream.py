@@ -10,9 +10,9 @@ sequence lengths, median 64, tail to the model's positions; docs/streams.md), bf
 A GPU call is limited to 10 minutes, so the work comes in parts, each one command:
 
 - `tune:W:STEP`: `kiln tune W --step STEP --stream-len T --budget B` (OUT/W-STEP/results.json)
-  on the stream's first T items (--tune-stream-len, default 500: each trial replays them through
-  eager and the candidate, and a tune of 8m30s measured half of bert-base's 24 candidates on
-  an H200 at 500);
+  on the stream's first T items (--tune-stream-len, default 500 for inference and 200 for
+  training: each trial replays them through eager and the candidate, and a tune of 8m30s
+  measured half of bert-base's 24 inference candidates on an H200 at 500);
   B must leave the call room for the tune's setup (8m30s in a 10-minute call). The tune's budget
   check stops it starting a candidate with too little left, so it ends within B and a few
   seconds; the candidates it had no room for are named (stages.search.skipped).
@@ -72,6 +72,11 @@ PAIRS = ("bert-base:infer", "bert-base:train", "gpt2:infer")
 CHECK_PAIRS = ("simple:infer", "simple:train")
 GOAL_OVER_PLAIN = {"infer": 2.0, "train": 1.3}
 GOAL_TUNE_S = 15 * 60.0
+# Items a stream tune replays per candidate. A bert-base training item (batch 16) replayed with
+# its eager pair took about 0.13 s on an H100, against milliseconds for inference: at 500 items
+# a training candidate's replay alone took over a minute of the host, two thirds of the budget
+# for 16 candidates.
+TUNE_STREAM_LEN = {"infer": 500, "train": 200}
 SCHEMA = "kiln.bench_stream/1"
 # the fields of a stream trial the summary keeps (the trial files keep everything)
 KEPT = (
@@ -183,7 +188,7 @@ def run_tune(args: argparse.Namespace, workload: str, step: str, out: Path, comm
     if (d / "results.json").exists() and not args.redo:
         print(f"== tune {workload} {step}: kept {d / 'results.json'} (--redo to tune again)")
         return
-    n = min(args.tune_stream_len, args.stream_len)
+    n = min(args.tune_stream_len or TUNE_STREAM_LEN[step], args.stream_len)
     print(f"== tune {workload} {step} on {n} items (budget {args.budget})", flush=True)
     part: dict[str, Any] = {"command": command, "budget_s": parse_budget(args.budget)}
     t0 = time.monotonic()
@@ -485,8 +490,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--tune-stream-len",
         type=int,
-        default=500,
-        help="items the tune measures on: the first of the same stream (at most --stream-len)",
+        default=None,
+        help="items the tune measures on: the first of the same stream (at most --stream-len; "
+        "default 500 for inference, 200 for training)",
     )
     ap.add_argument("--budget", default="8m30s", help="each stream tune's budget")
     ap.add_argument("--allow-precision", default="bf16")

@@ -438,7 +438,9 @@ def test_the_stream_search_starts_a_candidate_only_when_its_estimate_fits(tiny, 
     assert [t["stream"]["estimate_s"] for t in doc["trials"]] == [None, 50.0, 50.0, 30.0]
 
 
-def test_with_two_slots_the_first_trial_runs_alone_then_two_at_once(tiny, monkeypatch):
+def test_with_two_slots_two_trials_run_at_once_from_the_start(tiny, monkeypatch):
+    """Before any trial has ended there is no estimate: each free slot starts the next
+    candidate with half of what is left, the first beside the second, not alone."""
     import threading
     import time
 
@@ -446,7 +448,7 @@ def test_with_two_slots_the_first_trial_runs_alone_then_two_at_once(tiny, monkey
     from torchkiln.tune import stream_search
 
     factory, trace = tiny
-    spans, locks = {}, set()
+    spans, locks, caps = {}, set(), {}
     gate = threading.Lock()
 
     def fake(spec, timeout_s, *, own_cap_s=None, host_lock=None):
@@ -455,6 +457,7 @@ def test_with_two_slots_the_first_trial_runs_alone_then_two_at_once(tiny, monkey
         with gate:
             spans[spec["variant"]] = (t0, time.monotonic())
             locks.add(host_lock)
+            caps[spec["variant"]] = (own_cap_s, timeout_s)
         return {"variant": spec["variant"], "status": "incorrect", "mismatched_items": [0],
                 "process_wall_s": 0.3, "host_wait_s": 0.0, "compile_time_s": 0.1}  # fmt: skip
 
@@ -465,8 +468,11 @@ def test_with_two_slots_the_first_trial_runs_alone_then_two_at_once(tiny, monkey
     assert search["in_flight"] == {"trials": 2, "why": "2 at once (asked for)"}
     assert len(spans) == len(search["order"]) == 6 and not search["skipped"]
     assert len(locks) == 1 and None not in locks  # one pool lock file, passed to every trial
-    first = spans[search["order"][0]]
-    assert all(s[0] >= first[1] for v, s in spans.items() if v != search["order"][0])
-    rest = sorted(s for v, s in spans.items() if v != search["order"][0])
-    assert any(a[1] > b[0] for a, b in zip(rest, rest[1:], strict=False))  # two at once
+    first, second = (spans[v] for v in search["order"][:2])
+    assert second[0] < first[1]  # the second started while the first ran
+    for v in search["order"][:2]:  # no estimate yet: half of what was left at its start
+        cap, room = caps[v]
+        assert cap == pytest.approx(0.5 * room)
+    later = caps[search["order"][2]]
+    assert later[0] == 60.0  # then 3x its estimate (well under a second), at least 60 s
     assert [t["variant"] for t in doc["trials"]] == search["order"]  # in the order started

@@ -9,6 +9,14 @@ candidate only when its estimate fits what is left; a trial is stopped at a mult
 estimate. On an H100 a bert-base stream tune that gave each trial a fixed share of what was left
 (35%) instead ran out of time in every one of its eight trials, the first at 111 s while it
 compiled its four buckets, and measured nothing.
+
+A compile's seconds are learned per kind of graph (``compile_kind``: dynamic or static shapes,
+under each mode): on an H100 a bert-base training step compiled with ``dynamic=True`` took 66 s a
+graph and a static one 10 s, and one figure for both would have estimated every bucketed
+candidate at over four minutes. A trial stopped before it ended still teaches what it spent: its
+seconds so far are a lower bound of the estimate (on that H100 the first trial, ``dynamic=True``,
+ran past its cap while compiling; the search that learned only from finished trials then gave
+each next candidate half of what was left, one at a time, and measured nothing).
 """
 
 from __future__ import annotations
@@ -19,8 +27,11 @@ from typing import Any
 from torchkiln.tune.stream_plan import LEARNED_BUCKETS, StreamCandidate
 from torchkiln.variants import parse_variant
 
-# The first trial has nothing to learn from: it may take this share of what is left, and it is
-# the candidate expected to compile least, so that it finishes and teaches the estimate.
+# The trials started before any has ended have nothing to learn from: each may take this share
+# of what is left. The first is the candidate expected to compile least, so that it finishes
+# and teaches the estimate; on a GPU the next start beside it, one per free slot (a search that
+# ran the first alone left all but one of an H100's four slots idle for the first half of its
+# budget when that trial ran long).
 FIRST_TRIAL_SHARE = 0.5
 # A trial may run this many times its estimate (at least TRIAL_CAP_MIN_S) before it is stopped:
 # compiles of one model differ by shape and mode (reduce-overhead records a CUDA graph per
@@ -63,31 +74,84 @@ def compile_seconds(r: dict[str, Any]) -> float:
     return float(r.get("compile_time_s") or 0.0) + float(r.get("warmup_s") or 0.0)
 
 
+def compile_kind(cand: StreamCandidate) -> str:
+    """The kind of graph ``cand`` compiles, whose compile seconds the search learns apart:
+    ``dynamic`` (marked dims, ``dynamic=true``), ``auto`` (a static graph then a dynamic one),
+    or ``static`` (buckets, a static graph per shape), under the candidate's mode."""
+    backend = parse_variant(cand.variant).backend
+    dynamic = getattr(backend, "dynamic", None)
+    if cand.mark_dynamic or dynamic == "true":
+        shapes = "dynamic"
+    elif cand.bucket or dynamic == "false":
+        shapes = "static"
+    else:
+        shapes = "auto"
+    return f"{getattr(backend, 'mode', None) or 'default'}:{shapes}"
+
+
 @dataclass
 class StreamEstimator:
-    """A trial's seconds as ``fixed_s + compiles * per_compile_s``, from the trials run so far
-    (the largest of each seen: a cap that errs long stops nothing it should not)."""
+    """A trial's seconds as ``fixed_s + compiles * per_compile_s``, from the trials run so far:
+    the largest of each seen (a cap that errs long stops nothing it should not), the seconds a
+    compile takes learned per ``compile_kind`` (a kind not seen yet takes the largest seen for the
+    same shapes under any mode, else the largest of all). A trial stopped before it ended (a
+    timeout) teaches the seconds it had spent: lower bounds, as its compile in flight and the
+    rest of its replay are not in them."""
 
     fixed_s: float | None = None
     per_compile_s: float | None = None
+    per_compile_by_kind: dict[str, float] = field(default_factory=dict)
     learned_from: list[str] = field(default_factory=list)
 
-    def __call__(self, compiles: int) -> float | None:
-        if self.fixed_s is None or self.per_compile_s is None:
-            return None
-        return self.fixed_s + compiles * self.per_compile_s
+    def per_compile(self, kind: str | None = None) -> float | None:
+        if kind in self.per_compile_by_kind:
+            return self.per_compile_by_kind[kind]
+        shapes = kind.split(":")[-1] if kind else None
+        alike = [v for k, v in self.per_compile_by_kind.items() if k.split(":")[-1] == shapes]
+        return max(alike) if alike else self.per_compile_s
 
-    def learn(self, name: str, compiles: int, r: dict[str, Any]) -> None:
-        wall = r.get("process_wall_s")
-        if r.get("status") not in ("ok", "incorrect") or wall is None:
+    def __call__(self, compiles: int, kind: str | None = None) -> float | None:
+        per = self.per_compile(kind)
+        if self.fixed_s is None or per is None:
+            return None
+        return self.fixed_s + compiles * per
+
+    def learn(self, name: str, compiles: int, r: dict[str, Any], kind: str | None = None) -> None:
+        fixed, per = _seconds_seen(compiles, r)
+        if fixed is None and per is None:
             return
-        spent = compile_seconds(r)
-        # its own seconds: the waits for a turn on the host are its neighbours'
-        fixed = max(0.0, float(wall) - float(r.get("host_wait_s") or 0.0) - spent)
-        per = spent / max(1, compiles)
-        self.fixed_s = fixed if self.fixed_s is None else max(self.fixed_s, fixed)
-        self.per_compile_s = per if self.per_compile_s is None else max(self.per_compile_s, per)
+        if fixed is not None:
+            self.fixed_s = fixed if self.fixed_s is None else max(self.fixed_s, fixed)
+        if per is not None:
+            self.per_compile_s = per if self.per_compile_s is None else max(self.per_compile_s, per)
+            if kind is not None:
+                self.per_compile_by_kind[kind] = max(per, self.per_compile_by_kind.get(kind, 0.0))
         self.learned_from.append(name)
+
+
+def _seconds_seen(compiles: int, r: dict[str, Any]) -> tuple[float | None, float | None]:
+    """(seconds besides compiles, seconds a compile) that trial result ``r`` shows, None for what
+    it does not: a finished trial's own seconds (its waits for a turn on the host are its
+    neighbours'); a timed-out one's progress, lower bounds: the seconds of the graphs it had
+    compiled, and its seconds besides them once it was replaying and not waiting for a turn
+    (before that, a compile in flight is in them)."""
+    if r.get("status") in ("ok", "incorrect"):
+        wall = r.get("process_wall_s")
+        if wall is None:
+            return None, None
+        spent = compile_seconds(r)
+        fixed = max(0.0, float(wall) - float(r.get("host_wait_s") or 0.0) - spent)
+        return fixed, spent / max(1, compiles)
+    p = r.get("progress")
+    if r.get("status") != "timeout" or not p:
+        return None, None
+    spent = float(p.get("compile_time_s") or 0.0)
+    done = int(p.get("compiles") or 0)
+    fixed = None
+    if p.get("phase") in ("replay", "steady") and p.get("waiting_since") is None:
+        own = float(p.get("elapsed_s") or 0.0) - float(p.get("waited_s") or 0.0)
+        fixed = max(0.0, own - spent)
+    return fixed, (spent / done if done else None)
 
 
 def trial_order(plan: list[StreamCandidate], compiles: dict[str, int]) -> list[StreamCandidate]:

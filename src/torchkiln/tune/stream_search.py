@@ -21,6 +21,7 @@ from torchkiln.tune.stream_budget import (
     FIRST_TRIAL_SHARE,
     TRIAL_CAP_FACTOR,
     StreamEstimator,
+    compile_kind,
     expected_compiles,
     stream_slots,
     trial_cap,
@@ -180,10 +181,10 @@ def _search(
 ) -> tuple[list[dict[str, Any]], dict[str, str], StreamEstimator]:
     """Run the candidates in ``order`` within the budget, several at once with several
     ``slots`` (runner.launch.executors.stream: their phases take turns on the host, the
-    steady items of one replay at a time). The first runs alone and teaches the estimate; after
-    it, a candidate starts only when its estimate fits what is left, capped at a multiple of it
-    (stream_budget). The results in the order the trials started, what was skipped and why,
-    and the estimate."""
+    steady items of one replay at a time). Until a trial has ended and taught the estimate, each
+    slot starts the next candidate with a share of what is left; after that a candidate starts
+    only when its estimate fits what is left, capped at a multiple of it (stream_budget). The
+    results in the order the trials started, what was skipped and why, and the estimate."""
     from torchkiln import cli_stream
     from torchkiln.runner.launch.executors import stream
 
@@ -200,15 +201,13 @@ def _search(
             events.skipped(c.name, why)
 
     def next_trial() -> tuple[Any, dict[str, Any]] | None:
-        if running and estimate.fixed_s is None:
-            return None  # the first trial teaches the estimate the others need
         while queue:
             c = queue.pop(0)
             room = left()
             if room < MIN_TRIAL_S:
                 skip(c, f"the budget is spent ({max(0.0, room):.0f} s left)")
                 continue
-            need = estimate(compiles[c.name])
+            need = estimate(compiles[c.name], compile_kind(c))
             if need is not None and need > room:
                 n = compiles[c.name]
                 skip(c, f"would not fit the budget (estimated {need:.0f} s for {n} "
@@ -240,9 +239,9 @@ def _search(
             r["error"] += (
                 f" ({TRIAL_CAP_FACTOR:g}x its estimate of {need:.0f} s)"
                 if need is not None
-                else f" (the first trial's: {FIRST_TRIAL_SHARE:.0%} of the {room:.0f} s left)"
+                else f" (before any estimate: {FIRST_TRIAL_SHARE:.0%} of the {room:.0f} s left)"
             )
-        estimate.learn(c.name, compiles[c.name], r)
+        estimate.learn(c.name, compiles[c.name], r, compile_kind(c))
         done.append((k, r))
 
     stream(slots, next_trial, run_one, on_done)
