@@ -1,6 +1,8 @@
 """The verdicts on a stream trial's costs: compilation dominating the stream's time, and CUDA
 graphs recorded more often than the stream's shapes (or buckets) need. Numbers are fed."""
 
+import math
+
 from torchkiln.diagnose.stream_cost import compile_share, needed_recordings, stream_verdicts
 
 
@@ -12,6 +14,27 @@ def test_compilation_dominates_above_half_of_the_stream():
     ]
     assert stream_verdicts({"compile_time_s": 2.0, "total_s": 4.0}) == []  # half: not over
     assert stream_verdicts({"compile_time_s": None, "total_s": 4.0}) == []  # not timed here
+
+
+def test_the_compile_verdict_says_when_the_one_off_cost_is_repaid():
+    from torchkiln.diagnose.stream_cost import repaid_after
+
+    # 500 items: 84 s in all, 3 ms an item after warm-up against eager's 9.5 ms
+    m = {"compile_time_s": 10.0, "warmup_compile_time_s": 69.0, "total_s": 84.0, "items": 500,
+         "steady_time_per_item_s": 0.003, "eager_steady_time_per_item_s": 0.0095}  # fmt: skip
+    once = 84.0 - 0.003 * 500  # 82.5 s beyond the steady rate
+    assert repaid_after(m) == math.ceil(once / 0.0065) == 12693
+    assert repaid_after(m, eager_item_s=0.0105) == math.ceil(once / 0.0075)  # another eager
+    assert stream_verdicts(m) == [
+        "compilation dominates this stream: 94% of its time (79.00 s of 84.00 s): "
+        "a one-off cost, repaid against eager after 12,693 items"
+    ]
+    slower = {**m, "steady_time_per_item_s": 0.0095}  # no gain over eager: never repaid
+    assert repaid_after(slower) is None
+    assert stream_verdicts(slower)[0].endswith(
+        ": never repaid, as it is no faster than eager after warm-up"
+    )
+    assert repaid_after({"total_s": 1.0, "items": 5}) is None  # no steady figures
 
 
 def test_a_bucketed_warmup_compile_counts_toward_the_share():
@@ -56,7 +79,10 @@ def test_both_verdicts_reach_the_tune_report_and_the_pick():
     assert len(slow["stream"]["verdicts"]) == 2
     sel = _select([slow])
     why = _why(slow, sel)
-    assert "compilation dominates this stream: 75% of its time (1.50 s of 2.00 s)" in why
+    assert (
+        "compilation dominates this stream: 75% of its time (1.50 s of 2.00 s): "
+        "a one-off cost, repaid against eager after 5 items"  # 1.55 s over 0.35 s an item
+    ) in why
     assert "CUDA graphs re-recorded 4 times: 7 recordings for 3 shapes" in why
     rec = {"code": "run = model", "verdicts": slow["stream"]["verdicts"]}
     doc = {"workload": "w", "device": "cuda", "stream": {"items": 9}, "selection": sel,

@@ -54,15 +54,35 @@ def needed_recordings(m: Mapping[str, Any]) -> int | None:
     return shapes * max(1, int(m.get("graphs_per_item") or 1))
 
 
+def repaid_after(m: Mapping[str, Any], eager_item_s: float | None = None) -> int | None:
+    """Items after which trial ``m``'s one-off seconds (compiles and warm-up: its whole-stream
+    seconds beyond what its items take at its steady rate) are repaid by its steady gain over
+    eager (``eager_item_s``, default its own paired eager's steady seconds an item); None when
+    it gains nothing after warm-up, or the trial lacks the figures."""
+    steady, total, items = (m.get(k) for k in ("steady_time_per_item_s", "total_s", "items"))
+    eager = eager_item_s if eager_item_s is not None else m.get("eager_steady_time_per_item_s")
+    if steady is None or total is None or not items or eager is None or eager <= steady:
+        return None
+    return math.ceil(max(0.0, total - steady * items) / (eager - steady))
+
+
 def stream_verdicts(m: Mapping[str, Any]) -> list[str]:
     """One sentence per cost that dominates the stream trial ``m``, none when nothing does."""
     out = []
     share = compile_share(m)
     if share is not None and share > COMPILE_DOMINATES:
+        # a server pays it once per process: whether it is repaid, and when, is the question
+        n = repaid_after(m)
+        if n is not None:
+            then = f": a one-off cost, repaid against eager after {n:,} items"
+        elif m.get("steady_time_per_item_s") is not None:
+            then = ": never repaid, as it is no faster than eager after warm-up"
+        else:
+            then = ""
         out.append(
             f"compilation dominates this stream: {share:.0%} of its time "
             f"({m['compile_time_s'] + (m.get('warmup_compile_time_s') or 0.0):.2f} s of "
-            f"{m['total_s']:.2f} s)"
+            f"{m['total_s']:.2f} s){then}"
         )
     recorded, needed = m.get("cudagraph_recordings"), needed_recordings(m)
     if recorded is not None and needed is not None and recorded > needed:

@@ -11,7 +11,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from torchkiln.diagnose.stream_cost import compile_share, stream_verdicts
+from torchkiln.diagnose.stream_cost import compile_share, repaid_after, stream_verdicts
 from torchkiln.errors import KilnUserError
 from torchkiln.runner.protocol.trial import TRIAL_SCHEMA
 from torchkiln.runner.protocol.worker import write_json
@@ -107,7 +107,6 @@ def _select(trials: list[dict[str, Any]]) -> dict[str, Any]:
     its compiles and a bucketed warm-up once per process (and `kiln ship` spares them), so they
     are reported, with the items it takes to repay them against eager (`break_even_steps`) and
     each candidate's whole-stream seconds (`total_s`), and do not decide the pick."""
-    import math
     import statistics
 
     ok = [t for t in trials if t["status"] == "ok"]
@@ -136,12 +135,7 @@ def _select(trials: list[dict[str, Any]]) -> dict[str, Any]:
         best = ties["best"]
     # the one-off seconds (compiles, warm-up) over what the stream would take at the steady
     # rate, repaid by the steady gain over eager on each item
-    break_even: dict[str, int | None] = {}
-    for t in ok:
-        s, v = t["stream"], t["variant"]
-        once = max(0.0, s["total_s"] - s["steady_time_per_item_s"] * s["items"])
-        gain = eager_item - s["steady_time_per_item_s"]
-        break_even[v] = math.ceil(once / gain) if gain > 0 else None
+    break_even = {t["variant"]: repaid_after(t["stream"], eager_item) for t in ok}
     if best == "eager":
         reason = (
             f"no candidate was faster than eager after warm-up ({eager_item * 1e3:.3f} ms an "
