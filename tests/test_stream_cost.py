@@ -27,7 +27,7 @@ def test_the_compile_verdict_says_when_the_one_off_cost_is_repaid():
     assert repaid_after(m, eager_item_s=0.0105) == math.ceil(once / 0.0075)  # another eager
     assert stream_verdicts(m) == [
         "compilation dominates this stream: 94% of its time (79.00 s of 84.00 s): "
-        "a one-off cost, repaid against eager after 12,693 items"
+        "a one-off cost, repaid against eager after 12693 items"
     ]
     slower = {**m, "steady_time_per_item_s": 0.0095}  # no gain over eager: never repaid
     assert repaid_after(slower) is None

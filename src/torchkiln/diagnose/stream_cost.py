@@ -66,15 +66,17 @@ def repaid_after(m: Mapping[str, Any], eager_item_s: float | None = None) -> int
     return math.ceil(max(0.0, total - steady * items) / (eager - steady))
 
 
-def stream_verdicts(m: Mapping[str, Any]) -> list[str]:
-    """One sentence per cost that dominates the stream trial ``m``, none when nothing does."""
+def stream_verdicts(m: Mapping[str, Any], eager_item_s: float | None = None) -> list[str]:
+    """One sentence per cost that dominates the stream trial ``m``, none when nothing does; a
+    dominating compile is repaid against ``eager_item_s`` (default the trial's own eager: a tune
+    passes the eager its selection reads, so that both name one figure)."""
     out = []
     share = compile_share(m)
     if share is not None and share > COMPILE_DOMINATES:
         # a server pays it once per process: whether it is repaid, and when, is the question
-        n = repaid_after(m)
+        n = repaid_after(m, eager_item_s)
         if n is not None:
-            then = f": a one-off cost, repaid against eager after {n:,} items"
+            then = f": a one-off cost, repaid against eager after {n} items"
         elif m.get("steady_time_per_item_s") is not None:
             then = ": never repaid, as it is no faster than eager after warm-up"
         else:

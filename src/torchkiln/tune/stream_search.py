@@ -100,6 +100,14 @@ def _as_trial(i: int, r: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]
     }
 
 
+def _eager_item_s(ok: list[dict[str, Any]]) -> float:
+    """Eager's seconds an item after warm-up: the median of its replays, one paired with each
+    candidate that replayed the stream correctly."""
+    import statistics
+
+    return statistics.median(t["stream"]["eager_steady_time_per_item_s"] for t in ok)
+
+
 def _select(trials: list[dict[str, Any]]) -> dict[str, Any]:
     """The fastest correct candidate after warm-up, eager among them, by its seconds per item over
     the stream's steady part (the items after its first 20%, compiles there included); eager's
@@ -122,7 +130,7 @@ def _select(trials: list[dict[str, Any]]) -> dict[str, Any]:
             "rejected": rejected,
             "best_numerics_changing": None,
         }
-    eager_item = statistics.median(t["stream"]["eager_steady_time_per_item_s"] for t in ok)
+    eager_item = _eager_item_s(ok)
     steady = {t["variant"]: t["stream"]["steady_time_per_item_s"] for t in ok}
     steady["eager"] = eager_item
     totals = {t["variant"]: t["stream"]["total_s"] for t in ok}
@@ -292,8 +300,11 @@ def tune_stream(
         s = t["stream"]
         if s and "eager_time_per_item_s" in s:
             s["eager_total_s"] = s["eager_time_per_item_s"] * s["items"]
-        if s:
-            s["verdicts"] = stream_verdicts(s)
+    ok = [t for t in trials if t["status"] == "ok"]
+    eager_item = _eager_item_s(ok) if ok else None
+    for t in trials:
+        if t["stream"]:
+            t["stream"]["verdicts"] = stream_verdicts(t["stream"], eager_item)
     selection = _select(trials)
     best = next((t for t in trials if t["variant"] == selection["best"]), None)
     if selection["best"] == "eager":
@@ -375,7 +386,7 @@ def _why(best: dict[str, Any], selection: dict[str, Any]) -> list[str]:
             f"shapes ({s.get('recompiles')} recompiles), {s.get('eager_fallbacks')} eager "
             f"fallbacks; after warm-up {s.get('steady_speedup', 0):.2f}x eager"
         )
-    return why + stream_verdicts(s)
+    return why + (s["verdicts"] if "verdicts" in s else stream_verdicts(s))
 
 
 STEADY_KEYS = ("steady_time_per_item_s", "eager_steady_time_per_item_s")
