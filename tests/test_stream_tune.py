@@ -313,6 +313,23 @@ def test_selection_on_a_stream_is_the_fastest_correct_after_warm_up():
     assert slow["break_even_steps"] == {"inductor": None}  # slower: never repaid
 
 
+def test_a_search_without_a_result_says_how_its_trials_ended():
+    from torchkiln.tune.stream_search import _select
+
+    def ended(variant, status):
+        return {"variant": variant, "status": status, "reason": "", "stream": {}}
+
+    sel = _select([ended("a", "timeout"), ended("b", "timeout"), ended("c", "incorrect")])
+    assert sel["best"] is None and sel["rejected"].keys() == {"a", "b", "c"}
+    assert sel["reason"] == (
+        "no candidate replayed the stream correctly: of 3, 2 ran past their caps, "
+        "1 did not match eager (a larger --budget, or a shorter --stream-len, gives each trial "
+        "more room)"
+    )
+    assert _select([ended("a", "crashed")])["reason"].endswith("of 1, 1 crashed")
+    assert _select([])["reason"] == "no candidate was measured on the stream"
+
+
 def test_the_api_takes_a_stream_with_a_workload_spec_only(tmp_path):
     import torch
 

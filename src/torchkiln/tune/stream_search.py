@@ -100,6 +100,33 @@ def _as_trial(i: int, r: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]
     }
 
 
+# how a trial without a result ended, said of one and of several
+_ENDED = {
+    "incorrect": ("did not match eager", "did not match eager"),
+    "timeout": ("ran past its cap", "ran past their caps"),
+    "crashed": ("crashed", "crashed"),
+    "error": ("failed", "failed"),
+}
+
+
+def _none_ok(trials: list[dict[str, Any]]) -> str:
+    """Why no candidate has a result: none was run, or how each ended (a search whose trials all
+    ran past their caps measured nothing; it did not find them wrong)."""
+    if not trials:
+        return "no candidate was measured on the stream"
+    ended: dict[str, int] = {}
+    for t in trials:
+        ended[t["status"]] = ended.get(t["status"], 0) + 1
+    parts = []
+    for status, n in sorted(ended.items(), key=lambda kv: -kv[1]):
+        one, many = _ENDED.get(status, (status, status))
+        parts.append(f"{n} {one if n == 1 else many}")
+    why = f"no candidate replayed the stream correctly: of {len(trials)}, " + ", ".join(parts)
+    if "timeout" in ended:
+        why += " (a larger --budget, or a shorter --stream-len, gives each trial more room)"
+    return why
+
+
 def _eager_item_s(ok: list[dict[str, Any]]) -> float:
     """Eager's seconds an item after warm-up: the median of its replays, one paired with each
     candidate that replayed the stream correctly."""
@@ -122,7 +149,7 @@ def _select(trials: list[dict[str, Any]]) -> dict[str, Any]:
     if not ok:
         return {
             "best": None,
-            "reason": "no candidate replayed the stream correctly",
+            "reason": _none_ok(trials),
             "tied": [],
             "steady_vs_fastest": {},
             "ranking": [],
