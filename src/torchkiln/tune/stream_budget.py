@@ -151,7 +151,9 @@ def _seconds_seen(compiles: int, r: dict[str, Any]) -> tuple[float | None, float
     if p.get("phase") in ("replay", "steady") and p.get("waiting_since") is None:
         own = float(p.get("elapsed_s") or 0.0) - float(p.get("waited_s") or 0.0)
         fixed = max(0.0, own - spent)
-    return fixed, (spent / done if done else None)
+    # per expected compile, as a finished trial teaches it, once its graphs reach that count
+    # (a model's graph breaks make more graphs than compiles expected); before, per graph
+    return fixed, (spent / min(done, max(1, compiles)) if done else None)
 
 
 def trial_order(plan: list[StreamCandidate], compiles: dict[str, int]) -> list[StreamCandidate]:
