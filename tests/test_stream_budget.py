@@ -40,10 +40,22 @@ def test_a_compile_is_estimated_by_its_kind_then_by_its_shapes_then_by_any():
     assert est(1, "default:dynamic") == pytest.approx(80.0 + 66.0)
     # reduce-overhead's static graphs not seen yet: the static ones under any mode
     assert est(4, "reduce-overhead:static") == pytest.approx(80.0 + 4 * 10.0)
-    # automatic dynamic not seen, nor its shapes: the largest of all
-    assert est(2, "default:auto") == pytest.approx(80.0 + 2 * 66.0)
+    # automatic dynamic not seen: one static graph and one dynamic one
+    assert est(2, "default:auto") == pytest.approx(80.0 + 10.0 + 66.0)
+    assert est(2, "reduce-overhead:auto") == pytest.approx(80.0 + 10.0 + 66.0)
     assert est.per_compile_s == pytest.approx(66.0)
     assert est.learned_from == ["dyn", "bucket"]
+    # once seen, its own seconds, under any mode
+    est.learn("auto", 2, finished(160.0, 84.0), "default:auto")
+    assert est(2, "default:auto") == pytest.approx(80.0 + 84.0)
+    assert est(2, "max-autotune:auto") == pytest.approx(80.0 + 84.0)
+
+
+def test_automatic_dynamic_without_both_kinds_seen_takes_the_largest_of_all():
+    est = StreamEstimator()
+    est.learn("dyn", 1, finished(150.0, 70.0), "default:dynamic")
+    assert est(2, "default:auto") == pytest.approx(80.0 + 2 * 70.0)
+    assert est(4, "default:static") == pytest.approx(80.0 + 4 * 70.0)
 
 
 def timeout(phase, elapsed, compiles, compile_s, waited=0.0, waiting_since=None):
