@@ -35,14 +35,55 @@ def test_a_bf16_pick_faces_the_four_plain_modes_at_bf16_after_itself():
         "inductor:mode=max-autotune-no-cudagraphs+bf16",
         "inductor:mode=max-autotune+bf16",
     ]
-    # started longest compile first, the rest in that order
+    # max-autotune's replays last, the rest in that order
     assert b.start_order(b.replayed_variants(pick, MODES, ("bf16",))) == [
-        "inductor:mode=max-autotune-no-cudagraphs+bf16",
-        "inductor:mode=max-autotune+bf16",
         pick,
         "inductor+bf16",
         "inductor:mode=reduce-overhead+bf16",
+        "inductor:mode=max-autotune-no-cudagraphs+bf16",
+        "inductor:mode=max-autotune+bf16",
     ]
+
+
+def test_max_autotune_replays_start_once_no_other_replay_is_in_flight(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    import torchkiln.cli_stream
+
+    b = _script()
+    pick = "inductor:dynamic=false+bf16+bucket=pow2"
+    _parts(tmp_path, b, pick, {})
+    results = b.tune_dir(tmp_path, "bert-base", "infer") / "results.json"
+    doc = json.loads(results.read_text())
+    doc["stream"] |= {"workload": "simple", "step": "infer", "preset": "tiny",
+                      "batch_size": None, "device": "cpu", "stream": None}  # fmt: skip
+    results.write_text(json.dumps(doc))
+    spans: dict[str, list[float]] = {}
+    lock = threading.Lock()
+
+    def fake_trial(spec, timeout_s, *, own_cap_s=None, host_lock=None):
+        with lock:
+            spans[spec["variant"]] = [time.monotonic()]
+        time.sleep(0.3 if "max-autotune" not in spec["variant"] else 0.05)
+        with lock:
+            spans[spec["variant"]].append(time.monotonic())
+        return {"status": "ok", "items": 10, "total_s": 1.0, "steady_time_per_item_s": 0.1}
+
+    monkeypatch.setattr(torchkiln.cli_stream, "run_stream_trial", fake_trial)
+    monkeypatch.setattr(b, "environment", lambda device: {"made": "up"})
+    monkeypatch.setenv("KILN_COMPILE_WORKERS", "4")  # four slots: all could start at once
+    args = argparse.Namespace(plain_modes=",".join(MODES), allow_precision="bf16", stream_len=10,
+                              part_budget="10m", min_trial=1.0, trial_timeout=60.0,
+                              device="cpu")  # fmt: skip
+    b.run_plain(args, "bert-base", "infer", tmp_path, "python bench_stream.py", time.monotonic())
+    assert len(spans) == 5
+    others_end = max(end for v, (_, end) in spans.items() if "max-autotune" not in v)
+    autotuned = [start for v, (start, _) in spans.items() if "max-autotune" in v]
+    assert len(autotuned) == 2 and min(autotuned) >= others_end
+    # each written as it finished
+    written = sorted(f.name for f in b.plain_dir(tmp_path, "bert-base", "infer").iterdir())
+    assert len(written) == 5
 
 
 def test_an_fp32_or_eager_pick_also_faces_the_plain_modes_at_bf16():
@@ -119,6 +160,40 @@ def test_the_goals_are_judged_against_the_fastest_plain_mode(tmp_path):
     assert g["all_plain_modes_measured"] is False
     assert g["no_recompile_after_warmup"] is True
     assert g["tune_within_15m"] is True
+
+
+def test_a_plain_mode_stopped_at_its_cap_is_bounded_by_its_compiles(tmp_path):
+    b = _script()
+    pick = "inductor:mode=reduce-overhead,dynamic=false+bf16+bucket=learned"
+    progress = {"phase": "replay", "items": 2000, "items_done": 212, "compiles": 3,
+                "compile_time_s": 234.0}  # fmt: skip
+    stopped = _trial(0, 0, 0, status="timeout") | {"total_s": None, "progress": progress}
+    trials = {
+        pick: _trial(104.0, 0.0085, 3.3),
+        "inductor+bf16": _trial(300.0, 0.06, 0.5),
+        "inductor:mode=max-autotune+bf16": stopped,
+    }
+    _parts(tmp_path, b, pick, trials)
+    modes = ("default", "max-autotune")
+    row = _summary(tmp_path, b, modes=modes)["rows"][0]
+    bound = row["plain_stopped"]["inductor:mode=max-autotune+bf16"]
+    assert bound["total_s_at_least"] == 234.0
+    assert bound["items_done"] == 212
+    assert bound["over_pick_total_at_least"] == pytest.approx(234.0 / 104.0)
+    g = row["goals"]
+    assert g["all_plain_modes_measured"] is False  # a bound is not a measurement
+    assert g["stopped_plain_modes_slower_over_the_stream"] is True  # 2.25x >= 2.0x
+    # a stop too early to clear the goal says so
+    progress["compile_time_s"] = 150.0
+    (b.trial_file(b.plain_dir(tmp_path, "bert-base", "infer"),
+                  "inductor:mode=max-autotune+bf16")).write_text(json.dumps(stopped))  # fmt: skip
+    g = _summary(tmp_path, b, modes=modes)["rows"][0]["goals"]
+    assert g["stopped_plain_modes_slower_over_the_stream"] is False
+    # a plain mode with no result at all: no bound, and no verdict on the stopped ones
+    trials_file = b.trial_file(b.plain_dir(tmp_path, "bert-base", "infer"), "inductor+bf16")
+    trials_file.unlink()
+    g = _summary(tmp_path, b, modes=modes)["rows"][0]["goals"]
+    assert "stopped_plain_modes_slower_over_the_stream" not in g
 
 
 def test_a_pick_that_recompiles_after_warm_up_or_is_missing_is_judged_so(tmp_path):
