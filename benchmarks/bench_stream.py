@@ -23,7 +23,8 @@ A GPU call is limited to 10 minutes, so the work comes in parts, each one comman
   stream trial in its own process paired item by item with eager (runner.protocol.stream_trial).
   The pick is replayed again here, not taken from the tune, so it and the plain modes are measured
   in one run. Each trial's result is written as it finishes (OUT/W-STEP-plain/<variant>.json): a
-  killed call keeps what finished, and a rerun of the same command measures only what is missing.
+  killed call keeps what finished, and a rerun of the same command measures only what is missing
+  (with --again-pick, the pick too, so that it and the rest are still measured in one call).
   Each replay starts with empty Inductor and Triton caches, so its compiles cost what a first
   run's do. On a GPU several are in flight at once, as the tune's trials are (tune.stream_budget:
   each replay's steady items alone on the host; --trial-timeout then caps a trial's own seconds,
@@ -244,6 +245,10 @@ def run_plain(
     allowed = tuple(p for p in args.allow_precision.split(",") if p)
     d = plain_dir(out, workload, step)
     todo = [v for v in replayed_variants(pick, modes, allowed) if not trial_file(d, v).exists()]
+    if getattr(args, "again_pick", False) and todo and pick not in todo:
+        # so that the pick and the plain modes still to replay are measured by one command
+        # (`pick_and_best_plain_one_call`); its kept replay stays until this one is written
+        todo.insert(0, pick)
     print(f"== plain {workload} {step}: the pick {pick}; to replay: {', '.join(todo) or 'none'}")
     # the tune's stream (its preset, batch and trace) at --stream-len items: the tune's own
     # stream, or with --tune-stream-len the whole of which the tune saw the first part
@@ -563,6 +568,11 @@ def main(argv: list[str] | None = None) -> int:
         "--min-trial", type=float, default=60.0, help="seconds a replay trial needs at least"
     )
     ap.add_argument("--redo", action="store_true", help="tune again where a tune is kept")
+    ap.add_argument(
+        "--again-pick",
+        action="store_true",
+        help="plain parts: replay the pick again beside the plain modes still to replay",
+    )
     argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     pairs = [p for p in args.pairs.split(",") if p]

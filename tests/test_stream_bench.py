@@ -84,6 +84,20 @@ def test_max_autotune_replays_start_once_no_other_replay_is_in_flight(tmp_path, 
     # each written as it finished
     written = sorted(f.name for f in b.plain_dir(tmp_path, "bert-base", "infer").iterdir())
     assert len(written) == 5
+    # a rerun replays only what is missing; with --again-pick the pick beside it
+    b.trial_file(b.plain_dir(tmp_path, "bert-base", "infer"), "inductor+bf16").unlink()
+    spans.clear()
+    b.run_plain(args, "bert-base", "infer", tmp_path, "python bench_stream.py", time.monotonic())
+    assert list(spans) == ["inductor+bf16"]
+    b.trial_file(b.plain_dir(tmp_path, "bert-base", "infer"), "inductor+bf16").unlink()
+    spans.clear()
+    args.again_pick = True
+    b.run_plain(args, "bert-base", "infer", tmp_path, "python bench_stream.py", time.monotonic())
+    assert sorted(spans) == sorted([pick, "inductor+bf16"])
+    # with nothing missing, the pick is not replayed again
+    spans.clear()
+    b.run_plain(args, "bert-base", "infer", tmp_path, "python bench_stream.py", time.monotonic())
+    assert spans == {}
 
 
 def test_an_fp32_or_eager_pick_also_faces_the_plain_modes_at_bf16():
