@@ -31,7 +31,7 @@ A GPU call is limited to 10 minutes, so the work comes in parts, each one comman
   its waits for a turn not counted). No trial is started with less than --min-trial of
   --part-budget left; a trial cut short by the part's budget (not by --trial-timeout) leaves no
   file, so the rerun measures it. The max-autotune replays start last, once nothing else is in
-  flight: their first items autotune kernels per new shape, a compile turn the others' steady
+  flight: their first items, slow on each new size, hold a compile turn that the others' steady
   items would wait out (`start_order`).
 - `--summarize`: runs nothing; combines the parts present into OUT/bench_stream.json (the
   environment, every command, every trial) with the goals judged, and prints the table: the
@@ -155,11 +155,12 @@ def replayed_variants(pick: str, modes: tuple[str, ...], allowed: tuple[str, ...
 
 def start_order(variants: list[str]) -> list[str]:
     """The order the replays start in: max-autotune's last, once no other replay is in flight
-    (`run_plain`). A max-autotune replay autotunes kernels for every new shape of its first
-    items, a compile turn that the other replays' steady items wait out: on an H100 (bert-base
-    training, 2,000 items, bf16) both max-autotune modes compiled 3 graphs in about 230 s and
-    were at item 212 when their 480 s ran out, while the pick and `default`, started beside them,
-    waited for their steady turn until the part's 9 minutes ended, and nothing was measured."""
+    (`run_plain`). A max-autotune replay's first items hold a compile turn that the other
+    replays' steady items wait out: on an H100 (bert-base training, 2,000 items, bf16) both
+    max-autotune modes compiled 3 graphs in about 230 s and were at item 212 when their 480 s ran
+    out (about 0.8 s an item on the stream's first sizes), while the pick and `default`, started
+    beside them, waited for their steady turn until the part's 9 minutes ended, and nothing was
+    measured."""
     return sorted(variants, key=_autotunes)
 
 

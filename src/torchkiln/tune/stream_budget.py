@@ -107,7 +107,7 @@ class StreamEstimator:
     def per_compile(self, kind: str | None = None) -> float | None:
         if kind is None:
             return self.per_compile_s
-        mode, shapes = kind.split(":")
+        mode, _, shapes = kind.rpartition(":")
         alike = self._alike(mode, shapes)
         if alike is not None:
             return alike
