@@ -1,5 +1,5 @@
 """Candidates the device's peak rules out: a floor (the workload's FLOPs at the peak for the
-candidate's precision) over 1.5x the fastest correct step measured is never run, and says why;
+candidate's precision) over 1.2x the fastest correct step measured is never run, and says why;
 without FLOPs, a known device or a correct step to beat, nothing is ruled out."""
 
 from __future__ import annotations
@@ -28,9 +28,23 @@ def test_fp32_cannot_beat_a_bf16_step_far_under_its_floor():
     assert "16.28 ms" in why and "66.9 TFLOP/s" in why and "2.93 ms" in why
     # At bf16 the floor (1.1 ms) is under the step measured: it may win.
     assert ruled_out("inductor:mode=max-autotune+bf16", results, eager, {"bf16"}) is None
-    # Within 1.5x of the floor: no proof.
-    slow = _trial("inductor+bf16", 11.0, 2.5, 15.0)
+    # Within 1.2x of the floor: no proof (16.28 ms over 28.1 / 2.0 = 14.05 ms is 1.16x).
+    slow = _trial("inductor+bf16", 14.0, 2.0, 15.0)
     assert ruled_out("inductor", [eager, slow], eager, {"bf16"}) is None
+    # 1.45x: ruled out.
+    assert ruled_out("inductor", [eager, _trial("inductor+bf16", 11.0, 2.5, 15.0)], eager, {"bf16"})
+
+
+def test_resnet50_training_fp32_is_ruled_out_by_either_measured_mark():
+    """The two marks two resnet50 training tunes on one H100 measured (7.67 and 8.20 ms for the
+    fastest bf16 step) both rule the fp32 candidates out: 778 GFLOP at 66.9 TFLOP/s is 11.62 ms."""
+    eager = _eager(flops=777_570_484_224, env={"gpu": {"name": "NVIDIA H100 80GB HBM3"}})
+    eager["steady_ms"]["median"] = 44.29
+    for step_ms in (7.67, 8.20):
+        lead = _trial("inductor:mode=reduce-overhead+bf16", step_ms, 44.29 / step_ms, 60.0)
+        why = ruled_out("inductor:mode=max-autotune", [eager, lead], eager, {"bf16"})
+        assert why is not None and "11.62 ms" in why and f"{step_ms:.2f} ms" in why
+        assert "over 1.2x" in why
 
 
 def test_nothing_is_ruled_out_without_flops_a_known_device_or_a_correct_step():
