@@ -20,7 +20,11 @@ from torchkiln.variants import parse_variant
 
 RAISED_RECOMPILE_LIMIT = 64  # above the number of distinct shapes a tune's stream usually holds
 BUCKETINGS = ("pow2", "learned")
-LEARNED_BUCKETS = 4  # buckets learned per varying size: few compiles, little padding
+# Buckets learned per varying size: four compiles. Not little padding: on bert-base's default
+# training stream (2,000 items, median 64 tokens, tail to 512) the four learned sizes padded the
+# steps to 1.5x their real tokens, and the steps ran 3.1x as fast as reduce-overhead's on an H100
+# (stream/h100/bert-base-train-plain/, padding_waste 0.50).
+LEARNED_BUCKETS = 4
 
 
 @dataclass(frozen=True)
