@@ -251,6 +251,9 @@ def run_plain(
         # (`pick_and_best_plain_one_call`); its kept replay stays until this one is written
         todo.insert(0, pick)
     print(f"== plain {workload} {step}: the pick {pick}; to replay: {', '.join(todo) or 'none'}")
+    if not todo:
+        # a measured replay is kept: a rerun replays what is missing, never one measured before
+        print(f"   every replay asked for is in {d}; to replay one again, remove its file there")
     # the tune's stream (its preset, batch and trace) at --stream-len items: the tune's own
     # stream, or with --tune-stream-len the whole of which the tune saw the first part
     base = {k: doc["stream"][k] for k in ("workload", "step", "preset", "batch_size", "device")}

@@ -45,7 +45,9 @@ def test_a_bf16_pick_faces_the_four_plain_modes_at_bf16_after_itself():
     ]
 
 
-def test_max_autotune_replays_start_once_no_other_replay_is_in_flight(tmp_path, monkeypatch):
+def test_max_autotune_replays_start_once_no_other_replay_is_in_flight(
+    tmp_path, monkeypatch, capsys
+):
     import threading
     import time
 
@@ -94,10 +96,12 @@ def test_max_autotune_replays_start_once_no_other_replay_is_in_flight(tmp_path, 
     args.again_pick = True
     b.run_plain(args, "bert-base", "infer", tmp_path, "python bench_stream.py", time.monotonic())
     assert sorted(spans) == sorted([pick, "inductor+bf16"])
-    # with nothing missing, the pick is not replayed again
+    # with nothing missing, the pick is not replayed again, and the rerun says how to
     spans.clear()
+    capsys.readouterr()
     b.run_plain(args, "bert-base", "infer", tmp_path, "python bench_stream.py", time.monotonic())
     assert spans == {}
+    assert "to replay one again, remove its file there" in capsys.readouterr().out
 
 
 def test_an_fp32_or_eager_pick_also_faces_the_plain_modes_at_bf16():
