@@ -32,13 +32,23 @@ CHILD = textwrap.dedent(
     lock.enter("start")
     phases = Phases(None, None, lock)
     spans = []
-    for name, hold in plan["phases"]:
+    pauses = []
+    # [name, seconds] or, for a compile that stops at pause points (max-autotune's rounds),
+    # [name, seconds a round, rounds]: a pause point between rounds.
+    for name, hold, *rounds in plan["phases"]:
         phases(name)
-        t0 = time.monotonic()
-        time.sleep(hold)
-        spans.append([name, t0, time.monotonic()])
+        for i in range(rounds[0] if rounds else 1):
+            if i:
+                p0, before = time.monotonic(), phases.paused_s
+                phases.pause()
+                if phases.paused_s > before:
+                    pauses.append([p0, time.monotonic()])
+            t0 = time.monotonic()
+            time.sleep(hold)
+            spans.append([name, t0, time.monotonic()])
     phases("done")
-    print(json.dumps({"spans": spans, "host_wait": phases.seconds.get("host_wait", 0.0)}))
+    print(json.dumps({"spans": spans, "host_wait": phases.seconds.get("host_wait", 0.0),
+                      "pauses": pauses, "paused_s": phases.paused_s}))
     """
 )
 
@@ -326,3 +336,97 @@ def test_many_trials_with_compile_slots_all_finish_and_never_time_beside_work(tm
     compiles = [(t0, t1) for _, name, t0, t1 in spans if name in compiling]
     for t0, _ in compiles:  # never more than two compiling at once
         assert sum(u0 <= t0 < u1 for u0, u1 in compiles) <= 2
+
+
+def _rounds(out: dict, name: str = "first_call") -> list:
+    return [s for s in out["spans"] if s[0] == name]
+
+
+def test_a_pausable_compile_lets_a_waiting_trial_time_its_reps_between_rounds(tmp_path):
+    from torchkiln.runner.launch.host_lock import set_compile_slots
+
+    lock = tmp_path / "host.lock"
+    set_compile_slots(str(lock), 2)
+    # A compiles in 30 rounds of 0.2 s with a pause point between rounds; B wants its timed
+    # turn soon after A starts.
+    a = _start(lock, {"delay": 0.0, "phases": [["first_call", 0.2, 30]]})
+    b = _start(lock, {"delay": 0.5, "phases": [["measure", 0.3]]})
+    outs = {
+        "a": json.loads(a.communicate(timeout=60)[0]),
+        "b": json.loads(b.communicate(timeout=60)[0]),
+    }
+    _never_beside(_spans(outs))
+    (b_measure,) = outs["b"]["spans"]
+    # B timed its reps inside one of A's pauses, not after A's whole compile.
+    assert b_measure[2] < _rounds(outs["a"])[-1][1]
+    assert any(p0 <= b_measure[1] and b_measure[2] <= p1 for p0, p1 in outs["a"]["pauses"])
+    # The pause is A's wait for the host: it lasted at least B's reps, and is not compile time.
+    assert outs["a"]["host_wait"] >= b_measure[2] - b_measure[1]
+    assert outs["a"]["paused_s"] >= b_measure[2] - b_measure[1]
+
+
+def test_a_compile_with_nothing_waiting_never_pauses(tmp_path):
+    from torchkiln.runner.launch.host_lock import set_compile_slots
+
+    lock = tmp_path / "host.lock"
+    set_compile_slots(str(lock), 2)
+    out = json.loads(_start(lock, {"delay": 0.0, "phases": [["first_call", 0.05, 10]]})
+                     .communicate(timeout=60)[0])  # fmt: skip
+    assert out["pauses"] == [] and out["paused_s"] == 0.0
+
+
+def test_a_compile_that_cannot_pause_holds_the_pausable_one_to_its_rounds(tmp_path):
+    from torchkiln.runner.launch.host_lock import set_compile_slots
+
+    lock = tmp_path / "host.lock"
+    set_compile_slots(str(lock), 3)
+    # C compiles for 2 s without pause points: B's timed turn waits for it whatever A does,
+    # so A does not pause (for nothing) until C is done, then lets B through.
+    a = _start(lock, {"delay": 0.0, "phases": [["first_call", 0.2, 40]]})
+    c = _start(lock, {"delay": 0.0, "phases": [["first_call", 2.0]]})
+    b = _start(lock, {"delay": 0.5, "phases": [["measure", 0.3]]})
+    outs = {
+        k: json.loads(p.communicate(timeout=60)[0]) for k, p in {"a": a, "b": b, "c": c}.items()
+    }
+    _never_beside(_spans(outs))
+    (c_compile,) = outs["c"]["spans"]
+    (b_measure,) = outs["b"]["spans"]
+    assert outs["a"]["pauses"], "A never let B through"
+    assert all(p0 >= c_compile[2] for p0, _ in outs["a"]["pauses"])
+    assert c_compile[2] <= b_measure[1] and b_measure[2] < _rounds(outs["a"])[-1][1]
+
+
+def test_two_pausable_compiles_pause_together_for_a_waiting_trial(tmp_path):
+    from torchkiln.runner.launch.host_lock import set_compile_slots
+
+    lock = tmp_path / "host.lock"
+    set_compile_slots(str(lock), 2)
+    # Rounds of different lengths: the waiter gets its turn once both reach a pause point.
+    a1 = _start(lock, {"delay": 0.0, "phases": [["first_call", 0.2, 30]]})
+    a2 = _start(lock, {"delay": 0.1, "phases": [["first_call", 0.3, 20]]})
+    b = _start(lock, {"delay": 0.6, "phases": [["measure", 0.3]]})
+    procs = {"a1": a1, "a2": a2, "b": b}
+    outs = {k: json.loads(p.communicate(timeout=60)[0]) for k, p in procs.items()}
+    _never_beside(_spans(outs))
+    (b_measure,) = outs["b"]["spans"]
+    for who in ("a1", "a2"):
+        assert b_measure[2] < _rounds(outs[who])[-1][1]
+        assert outs[who]["paused_s"] > 0.0
+
+
+def test_a_paused_compile_keeps_its_compile_slot(tmp_path):
+    from torchkiln.runner.launch.host_lock import set_compile_slots
+
+    lock = tmp_path / "host.lock"
+    set_compile_slots(str(lock), 1)
+    # One slot: D, which starts its compile while A is paused for B, still waits for A's
+    # whole compile (A resumes its compile where it stopped, not behind D's).
+    a = _start(lock, {"delay": 0.0, "phases": [["first_call", 0.2, 15]]})
+    b = _start(lock, {"delay": 0.5, "phases": [["measure", 0.5]]})
+    d = _start(lock, {"delay": 0.7, "phases": [["first_call", 0.2]]})
+    outs = {
+        k: json.loads(p.communicate(timeout=60)[0]) for k, p in {"a": a, "b": b, "d": d}.items()
+    }
+    _never_beside(_spans(outs))
+    (d_compile,) = outs["d"]["spans"]
+    assert d_compile[1] >= _rounds(outs["a"])[-1][2]

@@ -63,6 +63,9 @@ WRITERS_SUFFIX = ".writers"
 # per compile slot.
 SLOTS_SUFFIX = ".slots"
 SLOT_SUFFIX = ".compile-slot-"
+# Beside each slot's lock: what its holder is doing, "<state> <pid>" (pause_compile).
+STATE_SUFFIX = ".state"
+COMPILING, PAUSABLE, PAUSED = "compiling", "pausable", "paused"
 POLL_S = 0.01
 # A trial whose compile ends while trials wait for their timed turn lets them take it first:
 # it waits until they hold the turnstile, at most this long (they may be waiting for another
@@ -91,6 +94,7 @@ class HostLock:
         self.writers_fd = os.open(path + WRITERS_SUFFIX, os.O_RDWR | os.O_CREAT, 0o644)
         self.slots = compile_slots(path)
         self.slot_fd: int | None = None
+        self.slot: int | None = None
         self.compiling = False
         self.mode: int | None = None
 
@@ -121,6 +125,57 @@ class HostLock:
             return time.perf_counter() - t0 + self._timed_turn()
         self.hold(mode)
         return time.perf_counter() - t0
+
+    def mark_pausable(self) -> None:
+        """Say that this trial's compile stops at points where it may pause (pause_compile):
+        a neighbour's pause then waits for it instead of giving up."""
+        if self.compiling and self.slot is not None:
+            self._set_state(PAUSABLE)
+
+    def pause_compile(self, max_s: float) -> float:
+        """At a point inside a compile where this trial runs nothing (max-autotune between two
+        rounds of its benchmarks: runner/protocol/compile_pause.py), let the trials waiting for
+        their timed turn take it, when every other compile in flight may pause too (a compile
+        that cannot holds them anyway). Releases the compile's turn and its mark as compiling,
+        keeps its compile slot, waits until no trial waits for its timed turn any more (each
+        holds the turnstile: it times next) or a compile that cannot pause starts, at most
+        ``max_s``, then takes the compile's turn again, after their reps. Returns the seconds
+        paused: 0 when nothing waits, the pool sets no compile slots (their states are how
+        compiles are known) or this trial is not compiling."""
+        if self.slot is None or not self.compiling or not trials_wait_for_compiles(self.path):
+            return 0.0
+        if self._unpausable_compile():
+            return 0.0
+        t0 = time.perf_counter()
+        self._set_state(PAUSED)
+        fcntl.flock(self.compiling_fd, fcntl.LOCK_UN)
+        self.hold(None)
+        deadline = time.monotonic() + max_s
+        while trials_wait_for_compiles(self.path) and time.monotonic() < deadline:
+            if self._unpausable_compile():
+                break
+            time.sleep(POLL_S)
+        fcntl.flock(self.compiling_fd, fcntl.LOCK_SH)
+        self._set_state(PAUSABLE)
+        self.hold(fcntl.LOCK_SH)
+        return time.perf_counter() - t0
+
+    def _set_state(self, state: str) -> None:
+        with open(f"{self.path}{SLOT_SUFFIX}{self.slot}{STATE_SUFFIX}", "w") as f:
+            f.write(f"{state} {os.getpid()}\n" if state else "")
+
+    def _unpausable_compile(self) -> bool:
+        """Whether another trial holds a compile slot without having said it may pause."""
+        for i in range(self.slots or 0):
+            if i == self.slot:
+                continue
+            try:
+                state, pid = open(f"{self.path}{SLOT_SUFFIX}{i}{STATE_SUFFIX}").read().split()
+            except (OSError, ValueError):
+                continue  # never used, or released: an empty file
+            if state == COMPILING and _alive(int(pid)):
+                return True
+        return False
 
     def _timed_turn(self) -> float:
         """Wait until no trial compiles, holding nothing the others need (a compile may start
@@ -168,7 +223,8 @@ class HostLock:
                 except BlockingIOError:
                     os.close(fd)
                     continue
-                self.slot_fd = fd
+                self.slot_fd, self.slot = fd, i
+                self._set_state(COMPILING)
                 return
             time.sleep(POLL_S * 5)
 
@@ -177,8 +233,9 @@ class HostLock:
             fcntl.flock(self.compiling_fd, fcntl.LOCK_UN)
             self.compiling = False
         if self.slot_fd is not None:
+            self._set_state("")
             os.close(self.slot_fd)  # closing it drops its lock
-            self.slot_fd = None
+            self.slot_fd, self.slot = None, None
 
     def hold(self, mode: int | None) -> float:
         """Take ``mode`` (fcntl.LOCK_EX for timed work, LOCK_SH for other work, None for
@@ -208,6 +265,18 @@ class HostLock:
         for fd in (self.fd, self.turn_fd, self.compiling_fd, self.writers_fd):
             os.close(fd)  # closing the descriptor drops any lock it holds
         self.mode = None
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs: a trial killed while compiling leaves its slot's
+    state behind."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it runs, as another user
+    return True
 
 
 def compile_slots(path: str) -> int | None:
@@ -266,7 +335,8 @@ def remove_lock_files(path: str) -> None:
     cleanup)."""
     slots = compile_slots(path) or 0
     beside = (TURNSTILE_SUFFIX, COMPILING_SUFFIX, WRITERS_SUFFIX, SLOTS_SUFFIX)
-    files = [path, *(path + s for s in beside), *(f"{path}{SLOT_SUFFIX}{i}" for i in range(slots))]
+    per_slot = [f"{path}{SLOT_SUFFIX}{i}{end}" for i in range(slots) for end in ("", STATE_SUFFIX)]
+    files = [path, *(path + s for s in beside), *per_slot]
     for p in files:
         if os.path.exists(p):
             os.unlink(p)

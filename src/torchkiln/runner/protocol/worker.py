@@ -15,10 +15,20 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from torchkiln.runner.launch.host_lock import WAIT_SHOWN_S, WAITING_SUFFIX, HostLock
+from torchkiln.runner.launch.host_lock import (
+    WAIT_SHOWN_S,
+    WAITING_SUFFIX,
+    HostLock,
+    trials_wait_for_compiles,
+)
 from torchkiln.runner.launch.orphan import exit_with_launcher
 from torchkiln.runner.protocol.trial import TrialSpec, base_result
 
+# The longest a compile pauses for its neighbours' timed turns at one point (Phases.pause): the
+# pause ends sooner once they all hold the turnstile or a compile that cannot pause starts, so
+# this only bounds the wait for a second pausable compile to reach a pause point of its own (on
+# an H200 a round of resnet50's max-autotune benchmarks took up to 16 s, kiln 388cb3a).
+PAUSE_MAX_S = 30.0
 # The wall-clock time the launcher started this process (trial_process.py): start_s counts from it.
 LAUNCHED_ENV = "KILN_LAUNCHED_AT"
 
@@ -60,6 +70,10 @@ class Phases:
         # [phase, start, end] in wall-clock seconds (time.time), in order, a wait for the host
         # as its own "host_wait" entry: what a tune's record of its turns is checked against.
         self.at: list[list[Any]] = []
+        # Seconds a compile paused for neighbours' timed turns (pause), and whether Inductor
+        # calls pause between its rounds of benchmarks (compile_pause.install).
+        self.paused_s = 0.0
+        self.pause_points = False
 
     def __call__(self, name: str) -> None:
         if self.lock is not None:
@@ -80,6 +94,30 @@ class Phases:
         self.current, self.started, self.started_at = name, now, wall
         if self.path:
             Path(self.path).write_text(name)
+
+    def pause(self) -> None:
+        """Inside a compile, at a point where it runs nothing: let trials waiting for their
+        timed turn take it (HostLock.pause_compile). The pause is host_wait, not the phase's
+        time; ``paused_s`` keeps the sum, which a first call's timing leaves out."""
+        if self.lock is None:
+            return
+        self.lock.mark_pausable()
+        if not self.lock.compiling or not trials_wait_for_compiles(self.lock.path):
+            return
+        if self.path:
+            Path(self.path).write_text(f"{self.current}{WAITING_SUFFIX}")
+        device_idle()
+        now, wall = time.perf_counter(), time.time()
+        waited = self.lock.pause_compile(PAUSE_MAX_S)
+        if waited > 0.0:
+            self.seconds[self.current] = self.seconds.get(self.current, 0.0) + now - self.started
+            self.at.append([self.current, round(self.started_at, 3), round(wall, 3)])
+            self.seconds["host_wait"] = self.seconds.get("host_wait", 0.0) + waited
+            self.at.append(["host_wait", round(wall, 3), round(time.time(), 3)])
+            self.paused_s += time.perf_counter() - now
+            self.started, self.started_at = time.perf_counter(), time.time()
+        if self.path:
+            Path(self.path).write_text(self.current)
 
     def save_partial(self, result: dict[str, Any]) -> None:
         # H200, 51e19d0: bert-base's plain default+bf16 run had its step times measured, then ran
