@@ -392,8 +392,9 @@ def test_a_compile_that_cannot_pause_holds_the_pausable_one_to_its_rounds(tmp_pa
     (c_compile,) = outs["c"]["spans"]
     (b_measure,) = outs["b"]["spans"]
     assert outs["a"]["pauses"], "A never let B through"
-    assert all(p0 >= c_compile[2] for p0, _ in outs["a"]["pauses"])
-    assert c_compile[2] <= b_measure[1] and b_measure[2] < _rounds(outs["a"])[-1][1]
+    # (A may have paused before C began, when B alone waited: never while C compiled.)
+    assert all(p1 <= c_compile[1] or p0 >= c_compile[2] for p0, p1 in outs["a"]["pauses"])
+    assert b_measure[2] < _rounds(outs["a"])[-1][1]
 
 
 def test_two_pausable_compiles_pause_together_for_a_waiting_trial(tmp_path):

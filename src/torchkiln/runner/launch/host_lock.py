@@ -142,9 +142,7 @@ class HostLock:
         ``max_s``, then takes the compile's turn again, after their reps. Returns the seconds
         paused: 0 when nothing waits, the pool sets no compile slots (their states are how
         compiles are known) or this trial is not compiling."""
-        if self.slot is None or not self.compiling or not trials_wait_for_compiles(self.path):
-            return 0.0
-        if self._unpausable_compile():
+        if not self.may_pause():
             return 0.0
         t0 = time.perf_counter()
         self._set_state(PAUSED)
@@ -159,6 +157,14 @@ class HostLock:
         self._set_state(PAUSABLE)
         self.hold(fcntl.LOCK_SH)
         return time.perf_counter() - t0
+
+    def may_pause(self) -> bool:
+        """Whether a pause now would let a trial time its reps: this trial compiles in a pool
+        with compile slots, a trial waits for its timed turn, and every other compile in flight
+        may pause too."""
+        if self.slot is None or not self.compiling or not trials_wait_for_compiles(self.path):
+            return False
+        return not self._unpausable_compile()
 
     def _set_state(self, state: str) -> None:
         with open(f"{self.path}{SLOT_SUFFIX}{self.slot}{STATE_SUFFIX}", "w") as f:

@@ -15,13 +15,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from torchkiln.runner.launch.host_lock import (
-    WAIT_SHOWN_S,
-    WAITING_SUFFIX,
-    HostLock,
-    trials_wait_for_compiles,
-)
+from torchkiln.runner.launch.host_lock import WAIT_SHOWN_S, WAITING_SUFFIX, HostLock
 from torchkiln.runner.launch.orphan import exit_with_launcher
+from torchkiln.runner.protocol import cpu_quiet
 from torchkiln.runner.protocol.trial import TrialSpec, base_result
 
 # The longest a compile pauses for its neighbours' timed turns at one point (Phases.pause): the
@@ -29,6 +25,8 @@ from torchkiln.runner.protocol.trial import TrialSpec, base_result
 # this only bounds the wait for a second pausable compile to reach a pause point of its own (on
 # an H200 a round of resnet50's max-autotune benchmarks took up to 16 s, kiln 388cb3a).
 PAUSE_MAX_S = 30.0
+# The longest a compile waits at a pause point for its own workers to finish their builds.
+QUIET_MAX_S = 10.0
 # The wall-clock time the launcher started this process (trial_process.py): start_s counts from it.
 LAUNCHED_ENV = "KILN_LAUNCHED_AT"
 
@@ -102,7 +100,11 @@ class Phases:
         if self.lock is None:
             return
         self.lock.mark_pausable()
-        if not self.lock.compiling or not trials_wait_for_compiles(self.lock.path):
+        if not self.lock.may_pause():
+            return
+        # Builds of other kernel choices may still run in the compile's workers: not beside a
+        # neighbour's reps. Not quiet within the limit: no pause at this point.
+        if not cpu_quiet.wait_quiet(QUIET_MAX_S):
             return
         if self.path:
             Path(self.path).write_text(f"{self.current}{WAITING_SUFFIX}")
