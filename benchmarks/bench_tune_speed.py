@@ -34,6 +34,10 @@ and prints the table. The parts, and the goal each is judged against:
   unmeasured, this says whether they fit the budget even with nothing else planned: if they do
   not, (a) cannot hold for that plan on that host, whatever the order of the others. Each
   candidate's first call (its compile) is recorded.
+- `pauses` `kiln tune resnet50 --step infer --budget 4m45s --variants` PAUSES: a max-autotune
+  candidate beside four that compile in seconds; each trial's pauses, waits for the host and
+  when it timed its reps show whether they waited out the max-autotune compile or timed in its
+  pauses (docs/tune.md).
 - `loop` the hand loop: five arms of GPT-2 small (eager fp32, eager bf16, default, reduce-overhead
   and max-autotune at bf16), each `benchmarks/plain_loop.py` in a fresh python with empty
   Inductor and Triton caches (a kiln trial's compile cache starts empty too), one after another;
@@ -86,12 +90,22 @@ AUTOTUNED = {
         "inductor:mode=max-autotune,dynamic=false+bf16+channels_last",
     ]
 }
+# The `pauses` part: resnet50 inference, a max-autotune candidate (first in the plan) beside four
+# that compile in seconds, so they wait for their timed turn while it autotunes.
+PAUSES = [
+    "inductor:mode=max-autotune-no-cudagraphs,fullgraph=true,dynamic=false+bf16",
+    "inductor:dynamic=false+bf16",
+    "inductor:mode=reduce-overhead,dynamic=false+bf16",
+    "eager+bf16",
+    "inductor:dynamic=false+bf16+channels_last",
+]
 PARTS = [
     "loop",
     "arms:gpt2",
     *(f"tune8:{w}" for w in WORKLOADS),
     *(f"ref:{w}" for w in WORKLOADS),
     *(f"autotuned:{w}" for w in AUTOTUNED),
+    "pauses",
 ]
 GOAL_OVERHEAD_S = 5.0
 GOAL_ARMS_OVER_LOOP = 1.2
@@ -421,8 +435,49 @@ def part_loop(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     }
 
 
+def part_pauses(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """A max-autotune compile pausing for its neighbours' timed turns (PAUSES): when each
+    trial timed its reps, against how long the max-autotune trial compiled."""
+    run = out / "runs" / "pauses"
+    shutil.rmtree(run, ignore_errors=True)
+    run.mkdir(parents=True)
+    cmd = tune_cmd(args, "resnet50", args.pauses_budget, run, ("--variants", ",".join(PAUSES)))
+    cmd[cmd.index("--step") + 1] = "infer"
+    part: dict[str, Any] = {"part": "pauses", "workload": "resnet50", "step": "infer"}
+    since = time.time()
+    part.update(run_bounded(cmd, args.part_timeout, child_env(), run / "console.log"))
+    doc = results_of(run, since)
+    if doc is None:
+        return part
+    part["environment"] = doc.get("environment")
+    part["trials"] = pause_account(doc)
+    return part
+
+
+def pause_account(doc: dict[str, Any]) -> dict[str, Any]:
+    """Per trial of the pauses part: its status (a max-autotune trial stopped at the budget
+    leaves no timestamps, its reason says how long it compiled), its compile and the seconds it
+    paused, its waits for the host, when it timed its reps and its median step."""
+    return {
+        t["variant"]: {
+            "status": t["status"],
+            "process_wall_s": t.get("process_wall_s"),
+            "first_call_s": t.get("first_call_s"),
+            "first_call_paused_s": t.get("first_call_paused_s"),
+            "host_wait_s": (t.get("phase_s") or {}).get("host_wait"),
+            "measure_at": [p[1:] for p in t.get("phase_at") or [] if p[0] == "measure"],
+            "median_ms": (t.get("steady_ms") or {}).get("median"),
+            "reason": t.get("reason"),
+        }
+        for t in doc["trials"]
+    }
+
+
 def run_part(args: argparse.Namespace, name: str, out: Path) -> None:
-    part = part_loop(args, out) if name == "loop" else part_tune(args, name, out)
+    if name == "pauses":
+        part = part_pauses(args, out)
+    else:
+        part = part_loop(args, out) if name == "loop" else part_tune(args, name, out)
     part.update(
         created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         command=" ".join([sys.executable, *sys.argv]),
@@ -508,7 +563,7 @@ def print_table(doc: dict[str, Any]) -> None:
     )
     for name in PARTS:
         p = parts.get(name)
-        if p is None or name == "loop":
+        if p is None or name in ("loop", "pauses"):
             continue
         plan, ov, aa = p.get("plan") or {}, p.get("overhead") or {}, p.get("aa") or {}
         c = plan.get("counts") or {}
@@ -547,6 +602,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", default="8m", help="the tune8 parts' budget")
     ap.add_argument("--ref-budget", default="15m", help="the ref parts' budget")
     ap.add_argument("--arms-budget", default="9m", help="the arms tune's budget")
+    ap.add_argument("--pauses-budget", default="4m45s", help="the pauses part's budget")
     ap.add_argument(
         "--part-timeout",
         type=float,

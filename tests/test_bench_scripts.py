@@ -345,3 +345,27 @@ def test_tune_speed_judges_the_plan_the_overhead_the_aa_check_and_the_loop():
     assert goals["resnet50"]["a_bound_autotuned_alone_fit"] is False
     assert "a_bound_autotuned_alone_fit" not in goals["gpt2"]
     assert all("max-autotune" in v for v in ts.AUTOTUNED["resnet50"])
+
+
+def test_tune_speed_pauses_part_accounts_each_trials_pauses_waits_and_reps():
+    ts = _load("bench_tune_speed")
+    assert "max-autotune" in ts.PAUSES[0] and "pauses" in ts.PARTS
+    doc = {
+        "trials": [
+            {"variant": ts.PAUSES[0], "status": "timeout", "reason": "no result after 222 s"},
+            {
+                "variant": ts.PAUSES[1],
+                "status": "ok",
+                "process_wall_s": 42.4,
+                "first_call_s": 18.8,
+                "phase_s": {"host_wait": 16.8},
+                "phase_at": [["first_call", 1.0, 19.8], ["measure", 29.0, 33.3]],
+                "steady_ms": {"median": 7.57},
+            },
+        ]
+    }
+    got = ts.pause_account(doc)
+    assert got[ts.PAUSES[0]]["status"] == "timeout"
+    assert got[ts.PAUSES[0]]["reason"] == "no result after 222 s"
+    assert got[ts.PAUSES[1]]["measure_at"] == [[29.0, 33.3]]
+    assert got[ts.PAUSES[1]]["host_wait_s"] == 16.8 and got[ts.PAUSES[1]]["median_ms"] == 7.57
