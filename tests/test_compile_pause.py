@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,11 @@ def test_pause_points_are_installed_for_autotuned_modes_on_a_shared_host(monkeyp
     assert compile_pause.install(shared, parse_variant("inductor:mode=max-autotune+bf16"))
     # Inductor calls each hook after a round of benchmarks, with its timings and choices.
     hooks[0]({}, "mm", [], [], None, {})
+    assert shared.pauses == 1
+    # Called from another thread (pipelined autotuning), the compile goes on: no pause.
+    beside = threading.Thread(target=hooks[0], args=({}, "mm", [], []))
+    beside.start()
+    beside.join()
     assert shared.pauses == 1
     # No autotuning, or no neighbours to pause for: nothing installed.
     assert not compile_pause.install(shared, parse_variant("inductor:mode=reduce-overhead"))

@@ -12,6 +12,7 @@ may pause too; the seconds paused are the trial's host_wait, not its compile's."
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from torchkiln.variants import Variant
@@ -37,7 +38,10 @@ def install(phases: Any, variant: Variant) -> bool:
         return False
 
     def after_round(*_args: Any, **_kwargs: Any) -> None:
-        phases.pause()
+        # Inductor's opt-in pipelined autotuning benchmarks in a thread of its own while the
+        # compile goes on in the main thread: a pause there would not stop the compile.
+        if threading.current_thread() is threading.main_thread():
+            phases.pause()
 
     add_feedback_saver(after_round)
     phases.pause_points = True
