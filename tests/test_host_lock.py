@@ -431,3 +431,31 @@ def test_a_paused_compile_keeps_its_compile_slot(tmp_path):
     _never_beside(_spans(outs))
     (d_compile,) = outs["d"]["spans"]
     assert d_compile[1] >= _rounds(outs["a"])[-1][2]
+
+
+def test_waiters_behind_compiles_that_all_pause_are_not_blocked(tmp_path):
+    from torchkiln.runner.launch.host_lock import every_compile_pauses, set_compile_slots
+    from torchkiln.runner.launch.trial_process import blocked_waiters
+
+    path = str(tmp_path / "host.lock")
+    assert not every_compile_pauses(path)  # no slots: no compile is known to pause
+    set_compile_slots(path, 2)
+    assert not every_compile_pauses(path)  # none in flight
+    a, b = HostLock(path), HostLock(path)
+    a.enter("first_call")
+    assert not every_compile_pauses(path)  # A has not said it pauses
+    a.mark_pausable()
+    assert every_compile_pauses(path)
+    b.enter("first_call")
+    assert not every_compile_pauses(path)  # B's compile holds waiters whatever A does
+    b.enter("warmup")
+    assert every_compile_pauses(path)
+    # A trial waiting for its timed turn behind A alone is not blocked: A lets it through.
+    waiter = HostLock(path)
+    fcntl.flock(waiter.writers_fd, fcntl.LOCK_SH)  # what a trial holds while it waits
+    assert not blocked_waiters(path)
+    a.enter("warmup")  # A's compile ended: its slot's state is cleared
+    b.enter("first_call")
+    assert blocked_waiters(path)
+    for lock in (a, b, waiter):
+        lock.close()

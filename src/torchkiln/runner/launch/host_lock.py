@@ -300,6 +300,24 @@ def set_compile_slots(path: str, n: int) -> None:
         f.write(f"{n}\n")
 
 
+def every_compile_pauses(path: str) -> bool:
+    """Whether every compile in flight among the trials taking turns on ``path`` has said it
+    pauses for waiting trials (HostLock.mark_pausable): they then time their reps at its next
+    pause point. False when the pool sets no compile slots or none is held."""
+    held = False
+    for i in range(compile_slots(path) or 0):
+        try:
+            state, pid = open(f"{path}{SLOT_SUFFIX}{i}{STATE_SUFFIX}").read().split()
+        except (OSError, ValueError):
+            continue  # never used, or released
+        if not _alive(int(pid)):
+            continue
+        if state == COMPILING:
+            return False
+        held = True
+    return held
+
+
 def trials_wait_for_compiles(path: str) -> bool:
     """Whether any trial taking turns on ``path`` is waiting for its timed turn (for the
     compiles to end): it holds the writers file shared while it waits."""

@@ -22,6 +22,7 @@ from torchkiln.runner.launch.host_lock import (
     HOST_LOCK_ENV,
     HOST_TURNS_ENV,
     WAITING_SUFFIX,
+    every_compile_pauses,
     host_turns,
     trials_wait_for_compiles,
 )
@@ -54,6 +55,13 @@ def tail(path: Path, chars: int = STDERR_TAIL_CHARS) -> str:
 # such tune on an H100 a max-autotune compile was still running 315 s into the search and six
 # compiled trials behind it were stopped with it (tune_speed/h100/nice10).
 BLOCKER_MARGIN_S = 30.0
+
+
+def blocked_waiters(lock: str) -> bool:
+    """Trials wait for their timed turn behind a compile that does not pause for them: those
+    behind compiles that all pause (compile_pause.py) time their reps at the next pause point,
+    so stopping a compile early would buy them nothing."""
+    return trials_wait_for_compiles(lock) and not every_compile_pauses(lock)
 BLOCKER_NOTE = (
     "stopped {margin:.0f} s before the search's share of the budget ended, while trials that "
     "had compiled waited for their timed turn behind its compile, so that they could take it"
@@ -107,7 +115,7 @@ def _spawn(
         # session, out of the signal's reach, and must not go on running on the device.
         with spawn.ended_on_error(proc):
             lock = env.get(HOST_LOCK_ENV)
-            waiters = None if lock is None else (lambda: trials_wait_for_compiles(lock))
+            waiters = None if lock is None else (lambda: blocked_waiters(lock))
             *state, for_waiters = _watch(
                 proc, timeout_s, wall_s, phase_path, result_path, on_phase, waiters
             )
