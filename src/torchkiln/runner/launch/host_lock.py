@@ -172,16 +172,7 @@ class HostLock:
 
     def _unpausable_compile(self) -> bool:
         """Whether another trial holds a compile slot without having said it may pause."""
-        for i in range(self.slots or 0):
-            if i == self.slot:
-                continue
-            try:
-                state, pid = open(f"{self.path}{SLOT_SUFFIX}{i}{STATE_SUFFIX}").read().split()
-            except (OSError, ValueError):
-                continue  # never used, or released: an empty file
-            if state == COMPILING and _alive(int(pid)):
-                return True
-        return False
+        return COMPILING in slot_states(self.path, skip=self.slot)
 
     def _timed_turn(self) -> float:
         """Wait until no trial compiles, holding nothing the others need (a compile may start
@@ -274,8 +265,7 @@ class HostLock:
 
 
 def _alive(pid: int) -> bool:
-    """Whether process ``pid`` still runs: a trial killed while compiling leaves its slot's
-    state behind."""
+    """Whether process ``pid`` still runs."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -300,22 +290,29 @@ def set_compile_slots(path: str, n: int) -> None:
         f.write(f"{n}\n")
 
 
+def slot_states(path: str, skip: int | None = None) -> list[str]:
+    """What the living holders of the pool's compile slots (but slot ``skip``) are doing:
+    COMPILING, PAUSABLE or PAUSED. A released slot's state is empty; a trial killed while
+    compiling leaves its state behind, read as nothing."""
+    states = []
+    for i in range(compile_slots(path) or 0):
+        if i == skip:
+            continue
+        try:
+            state, pid = open(f"{path}{SLOT_SUFFIX}{i}{STATE_SUFFIX}").read().split()
+        except (OSError, ValueError):
+            continue  # never used, or released: an empty file
+        if _alive(int(pid)):
+            states.append(state)
+    return states
+
+
 def every_compile_pauses(path: str) -> bool:
     """Whether every compile in flight among the trials taking turns on ``path`` has said it
     pauses for waiting trials (HostLock.mark_pausable): they then time their reps at its next
     pause point. False when the pool sets no compile slots or none is held."""
-    held = False
-    for i in range(compile_slots(path) or 0):
-        try:
-            state, pid = open(f"{path}{SLOT_SUFFIX}{i}{STATE_SUFFIX}").read().split()
-        except (OSError, ValueError):
-            continue  # never used, or released
-        if not _alive(int(pid)):
-            continue
-        if state == COMPILING:
-            return False
-        held = True
-    return held
+    states = slot_states(path)
+    return bool(states) and COMPILING not in states
 
 
 def trials_wait_for_compiles(path: str) -> bool:

@@ -62,6 +62,8 @@ def blocked_waiters(lock: str) -> bool:
     behind compiles that all pause (compile_pause.py) time their reps at the next pause point,
     so stopping a compile early would buy them nothing."""
     return trials_wait_for_compiles(lock) and not every_compile_pauses(lock)
+
+
 BLOCKER_NOTE = (
     "stopped {margin:.0f} s before the search's share of the budget ended, while trials that "
     "had compiled waited for their timed turn behind its compile, so that they could take it"
