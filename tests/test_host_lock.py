@@ -342,20 +342,30 @@ def _rounds(out: dict, name: str = "first_call") -> list:
     return [s for s in out["spans"] if s[0] == name]
 
 
-def test_a_pausable_compile_lets_a_waiting_trial_time_its_reps_between_rounds(tmp_path):
+def _pool(tmp_path, slots: int, plans: dict) -> dict:
+    """Stand-in trials started together on a pool with ``slots`` compile slots: each one's
+    output, once all have ended; none timed its reps beside another's work."""
     from torchkiln.runner.launch.host_lock import set_compile_slots
 
     lock = tmp_path / "host.lock"
-    set_compile_slots(str(lock), 2)
+    set_compile_slots(str(lock), slots)
+    procs = {who: _start(lock, plan) for who, plan in plans.items()}
+    outs = {who: json.loads(p.communicate(timeout=60)[0]) for who, p in procs.items()}
+    _never_beside(_spans(outs))
+    return outs
+
+
+def test_a_pausable_compile_lets_a_waiting_trial_time_its_reps_between_rounds(tmp_path):
     # A compiles in 30 rounds of 0.2 s with a pause point between rounds; B wants its timed
     # turn soon after A starts.
-    a = _start(lock, {"delay": 0.0, "phases": [["first_call", 0.2, 30]]})
-    b = _start(lock, {"delay": 0.5, "phases": [["measure", 0.3]]})
-    outs = {
-        "a": json.loads(a.communicate(timeout=60)[0]),
-        "b": json.loads(b.communicate(timeout=60)[0]),
-    }
-    _never_beside(_spans(outs))
+    outs = _pool(
+        tmp_path,
+        2,
+        {
+            "a": {"delay": 0.0, "phases": [["first_call", 0.2, 30]]},
+            "b": {"delay": 0.5, "phases": [["measure", 0.3]]},
+        },
+    )
     (b_measure,) = outs["b"]["spans"]
     # B timed its reps inside one of A's pauses, not after A's whole compile.
     assert b_measure[2] < _rounds(outs["a"])[-1][1]
@@ -366,29 +376,22 @@ def test_a_pausable_compile_lets_a_waiting_trial_time_its_reps_between_rounds(tm
 
 
 def test_a_compile_with_nothing_waiting_never_pauses(tmp_path):
-    from torchkiln.runner.launch.host_lock import set_compile_slots
-
-    lock = tmp_path / "host.lock"
-    set_compile_slots(str(lock), 2)
-    out = json.loads(_start(lock, {"delay": 0.0, "phases": [["first_call", 0.05, 10]]})
-                     .communicate(timeout=60)[0])  # fmt: skip
+    out = _pool(tmp_path, 2, {"a": {"delay": 0.0, "phases": [["first_call", 0.05, 10]]}})["a"]
     assert out["pauses"] == [] and out["paused_s"] == 0.0
 
 
 def test_a_compile_that_cannot_pause_holds_the_pausable_one_to_its_rounds(tmp_path):
-    from torchkiln.runner.launch.host_lock import set_compile_slots
-
-    lock = tmp_path / "host.lock"
-    set_compile_slots(str(lock), 3)
     # C compiles for 2 s without pause points: B's timed turn waits for it whatever A does,
     # so A does not pause (for nothing) until C is done, then lets B through.
-    a = _start(lock, {"delay": 0.0, "phases": [["first_call", 0.2, 40]]})
-    c = _start(lock, {"delay": 0.0, "phases": [["first_call", 2.0]]})
-    b = _start(lock, {"delay": 0.5, "phases": [["measure", 0.3]]})
-    outs = {
-        k: json.loads(p.communicate(timeout=60)[0]) for k, p in {"a": a, "b": b, "c": c}.items()
-    }
-    _never_beside(_spans(outs))
+    outs = _pool(
+        tmp_path,
+        3,
+        {
+            "a": {"delay": 0.0, "phases": [["first_call", 0.2, 40]]},
+            "c": {"delay": 0.0, "phases": [["first_call", 2.0]]},
+            "b": {"delay": 0.5, "phases": [["measure", 0.3]]},
+        },
+    )
     (c_compile,) = outs["c"]["spans"]
     (b_measure,) = outs["b"]["spans"]
     assert outs["a"]["pauses"], "A never let B through"
@@ -398,17 +401,16 @@ def test_a_compile_that_cannot_pause_holds_the_pausable_one_to_its_rounds(tmp_pa
 
 
 def test_two_pausable_compiles_pause_together_for_a_waiting_trial(tmp_path):
-    from torchkiln.runner.launch.host_lock import set_compile_slots
-
-    lock = tmp_path / "host.lock"
-    set_compile_slots(str(lock), 2)
     # Rounds of different lengths: the waiter gets its turn once both reach a pause point.
-    a1 = _start(lock, {"delay": 0.0, "phases": [["first_call", 0.2, 30]]})
-    a2 = _start(lock, {"delay": 0.1, "phases": [["first_call", 0.3, 20]]})
-    b = _start(lock, {"delay": 0.6, "phases": [["measure", 0.3]]})
-    procs = {"a1": a1, "a2": a2, "b": b}
-    outs = {k: json.loads(p.communicate(timeout=60)[0]) for k, p in procs.items()}
-    _never_beside(_spans(outs))
+    outs = _pool(
+        tmp_path,
+        2,
+        {
+            "a1": {"delay": 0.0, "phases": [["first_call", 0.2, 30]]},
+            "a2": {"delay": 0.1, "phases": [["first_call", 0.3, 20]]},
+            "b": {"delay": 0.6, "phases": [["measure", 0.3]]},
+        },
+    )
     (b_measure,) = outs["b"]["spans"]
     for who in ("a1", "a2"):
         assert b_measure[2] < _rounds(outs[who])[-1][1]
@@ -416,19 +418,17 @@ def test_two_pausable_compiles_pause_together_for_a_waiting_trial(tmp_path):
 
 
 def test_a_paused_compile_keeps_its_compile_slot(tmp_path):
-    from torchkiln.runner.launch.host_lock import set_compile_slots
-
-    lock = tmp_path / "host.lock"
-    set_compile_slots(str(lock), 1)
     # One slot: D, which starts its compile while A is paused for B, still waits for A's
     # whole compile (A resumes its compile where it stopped, not behind D's).
-    a = _start(lock, {"delay": 0.0, "phases": [["first_call", 0.2, 15]]})
-    b = _start(lock, {"delay": 0.5, "phases": [["measure", 0.5]]})
-    d = _start(lock, {"delay": 0.7, "phases": [["first_call", 0.2]]})
-    outs = {
-        k: json.loads(p.communicate(timeout=60)[0]) for k, p in {"a": a, "b": b, "d": d}.items()
-    }
-    _never_beside(_spans(outs))
+    outs = _pool(
+        tmp_path,
+        1,
+        {
+            "a": {"delay": 0.0, "phases": [["first_call", 0.2, 15]]},
+            "b": {"delay": 0.5, "phases": [["measure", 0.5]]},
+            "d": {"delay": 0.7, "phases": [["first_call", 0.2]]},
+        },
+    )
     (d_compile,) = outs["d"]["spans"]
     assert d_compile[1] >= _rounds(outs["a"])[-1][2]
 
