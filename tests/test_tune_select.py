@@ -211,6 +211,54 @@ def test_estimates_learn_from_measured_compile_times():
     assert est(slow) == 10.0 + 5.0 * 4.0
 
 
+def test_estimates_are_learned_per_compile_family():
+    """A regional compile prices regional candidates only; the whole-model plain compiles price
+    the rest (numbers from an H200 resnet50 training tune, where regional compiles took twice
+    the whole model's)."""
+    from torchkiln.tune.limits import Estimator, compile_family
+    from torchkiln.tune.search import Candidate
+
+    est = Estimator(overhead_s=9.0)
+    ok = {"status": "ok"}
+    est.learn(Candidate("inductor:dynamic=false+bf16", "", 0, 1.0), ok | {"first_call_s": 33.0})
+    est.learn(
+        Candidate("inductor:mode=reduce-overhead,dynamic=false+bf16", "", 0, 1.1),
+        ok | {"first_call_s": 33.0},
+    )
+    regions = "inductor:fullgraph=true,dynamic=false,scope=regions+bf16"
+    est.learn(Candidate(regions, "", 0, 0.4), ok | {"first_call_s": 62.0})
+    step = Candidate("inductor:mode=reduce-overhead,dynamic=false,scope=step+bf16", "", 0, 1.43)
+    # The median of the plain whole-model units (33 and 30), not the regional one (155).
+    assert est(step) == pytest.approx(9.0 + 1.43 * 31.5)
+    ro_regions = "inductor:mode=reduce-overhead,fullgraph=true,dynamic=false,scope=regions+bf16"
+    assert est(Candidate(ro_regions, "", 0, 0.44)) == pytest.approx(9.0 + 0.44 * 155.0)
+    autotune = Candidate("inductor:mode=max-autotune,fullgraph=true,dynamic=false+bf16", "", 0, 8.8)
+    assert est(autotune) == pytest.approx(9.0 + 8.8 * 31.5)
+    assert compile_family(regions) == "plain-regions"
+    assert compile_family("inductor:mode=max-autotune-no-cudagraphs+bf16") == "autotune-16"
+    assert compile_family("inductor:mode=max-autotune") == "autotune-32"
+    assert compile_family("cudagraphs+bf16") == "cudagraphs"
+
+
+def test_a_compile_stopped_while_compiling_is_a_lower_bound_for_its_family():
+    from torchkiln.tune.limits import Estimator
+    from torchkiln.tune.search import Candidate
+
+    est = Estimator(overhead_s=9.0, default_compile_s=33.0)
+    no_cg = "inductor:mode=max-autotune-no-cudagraphs,fullgraph=true,dynamic=false+bf16"
+    stopped = {"status": "timeout", "phase": "first_call", "process_wall_s": 330.0}
+    est.learn(Candidate(no_cg, "", 0, 8.0), stopped)
+    layout = Candidate("inductor:mode=max-autotune,dynamic=false+bf16+channels_last", "", 0, 8.8)
+    assert est(layout) == 330.0  # not 9 + 8.8 * 33 = 299
+    # Another family is not bounded by it, nor is a trial stopped after its compile.
+    assert est(Candidate("inductor:dynamic=false+bf16", "", 0, 1.0)) == 9.0 + 33.0
+    fp32 = Candidate("inductor:mode=max-autotune,dynamic=false", "", 0, 16.5)
+    assert est(fp32) == pytest.approx(9.0 + 16.5 * 33.0)
+    hung = {"status": "timeout", "phase": "measure", "process_wall_s": 900.0}
+    est.learn(Candidate("inductor:dynamic=false+bf16", "", 0, 1.0), hung)
+    assert est(Candidate("inductor:mode=reduce-overhead+bf16", "", 0, 1.1)) == 9.0 + 1.1 * 33.0
+
+
 def test_the_baseline_s_wall_as_a_yardstick_leaves_out_what_it_paid_for_the_others():
     from torchkiln.tune.limits import trial_wall_s
 

@@ -4,10 +4,12 @@ and the estimates of a candidate's trial learned from those already run."""
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from torchkiln.tune.search import estimate_trial_s
 from torchkiln.tune.select import finalists
+from torchkiln.variants import parse_variant
 
 # A search trial may run this many times its estimate (at least TRIAL_CAP_MIN_S) before it is
 # stopped as a timeout: on an H200 a max-autotune compile ran 10-33x the default mode's (resnet50
@@ -171,18 +173,60 @@ def head_to_head_reserve(
 
 
 class Estimator:
-    """Seconds a candidate's trial should take, learned from the trials already run."""
+    """Seconds a candidate's trial should take, learned from the trials already run, per
+    compile family (compile_family): a candidate is priced from the compiles of its own family
+    (the median of first call over compile factor), else from the whole-model compiles of the
+    plain modes. One unit for all, the last trial's, priced every candidate after a regional
+    compile by it: in an H200 resnet50 training tune (kiln 388cb3a) regional compiles took 62-63
+    s against 32-34 s for whole-model ones (its blocks differ in shape, so each compiles on its
+    own), and `reduce-overhead` over the whole step was then estimated at 213 s and skipped,
+    where its relatives had compiled in 48 s. A trial of the family stopped while it compiled
+    teaches a lower bound: its seconds so far (after the two max-autotune compiles stopped at
+    330 s there, a third is priced at 330 s or more, not at 8x a default compile)."""
 
     def __init__(self, overhead_s: float, default_compile_s: float = 20.0) -> None:
         self.overhead_s = overhead_s
         self.default_compile_s = default_compile_s
+        self.units: dict[str, list[float]] = {}  # family -> first call / compile factor
+        self.stopped_s: dict[str, float] = {}  # family -> longest trial stopped compiling
 
     def __call__(self, cand: Any) -> float:
-        return estimate_trial_s(cand, self.overhead_s, self.default_compile_s)
+        family = compile_family(cand.spec)
+        seen = self.units.get(family) or self.units.get(PLAIN_FAMILY)
+        if seen is None:
+            seen = [u for units in self.units.values() for u in units]
+        unit = statistics.median(seen) if seen else self.default_compile_s
+        need = estimate_trial_s(cand, self.overhead_s, unit)
+        return max(need, self.stopped_s.get(family, 0.0))
 
     def learn(self, cand: Any, result: dict[str, Any]) -> None:
+        family = compile_family(cand.spec)
         if result.get("status") == "ok" and cand.compile_factor > 0:
-            self.default_compile_s = max(1.0, result["first_call_s"] / cand.compile_factor)
+            unit = max(1.0, result["first_call_s"] / cand.compile_factor)
+            self.units.setdefault(family, []).append(unit)
+        elif result.get("status") == "timeout" and result.get("phase") == "first_call":
+            wall = float(result.get("process_wall_s") or 0.0)
+            self.stopped_s[family] = max(self.stopped_s.get(family, 0.0), wall)
+
+
+PLAIN_FAMILY = "plain"
+
+
+def compile_family(spec: str) -> str:
+    """Candidates whose compiles cost alike: Inductor's plain modes (default and
+    reduce-overhead; CUDA graphs add little to a compile), the autotuned modes per 16-bit or
+    fp32 (fp32 templates autotune slower), each over the whole model or by regions; any other
+    backend by its name."""
+    v = parse_variant(spec)
+    if v.name != "inductor":
+        return v.name
+    mode = getattr(v.backend, "mode", None) or "default"
+    family = PLAIN_FAMILY
+    if mode.startswith("max-autotune"):
+        family = "autotune-16" if v.precision in ("bf16", "fp16") else "autotune-32"
+    if getattr(v.backend, "scope", None) == "regions":
+        family += "-regions"
+    return family
 
 
 def does_not_fit(need_s: float, room_s: float, kept_for: str) -> str:
