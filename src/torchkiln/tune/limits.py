@@ -181,8 +181,9 @@ class Estimator:
     s against 32-34 s for whole-model ones (its blocks differ in shape, so each compiles on its
     own), and `reduce-overhead` over the whole step was then estimated at 213 s and skipped,
     where its relatives had compiled in 48 s. A trial of the family stopped while it compiled
-    teaches a lower bound: its seconds so far (after the two max-autotune compiles stopped at
-    330 s there, a third is priced at 330 s or more, not at 8x a default compile)."""
+    teaches a lower bound: its seconds so far (in the same tune at kiln 7d1aea6 the two
+    max-autotune compiles stopped at 356 s priced the max-autotune refinement at 356 s, not at
+    8x a default compile)."""
 
     def __init__(self, overhead_s: float, default_compile_s: float = 20.0) -> None:
         self.overhead_s = overhead_s
