@@ -4,8 +4,8 @@ without FLOPs, a known device or a correct step to beat, nothing is ruled out.""
 
 from __future__ import annotations
 
-from tests_helpers import _trial
-from torchkiln.tune import evidence, pipeline
+from tests_helpers import _trial, fake_tune_trials
+from torchkiln.tune import pipeline
 from torchkiln.tune.bounds import ruled_out
 
 H200 = {"gpu": {"name": "NVIDIA H200"}}
@@ -75,12 +75,7 @@ def test_the_search_rules_out_what_cannot_win_and_runs_the_rest(tmp_path, monkey
                  flops_per_step=GPT2_FLOPS, environment=H200)  # fmt: skip
         return r
 
-    monkeypatch.setattr(pipeline, "run_trial", fake_run_trial)
-    monkeypatch.setattr(pipeline, "visible_gpus", lambda device: [None])
-    monkeypatch.setattr(pipeline, "preflight", lambda *a, **k: {"ok": True})
-    monkeypatch.setattr(evidence, "profile_verdict", lambda spec, t, **kw: {"verdict": "balanced"})
-    monkeypatch.setattr(evidence, "graph_breaks", lambda spec, t: {"breaks": 0})
-    monkeypatch.setenv("KILN_WARM_START", "0")
+    fake_tune_trials(monkeypatch, fake_run_trial)
     doc = pipeline.tune("simple", device="cpu", preset="tiny", budget_s=600, out=tmp_path / "t",
                         history=False, allow_precision=("bf16",))  # fmt: skip
     search = doc["stages"]["search"]

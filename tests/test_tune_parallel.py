@@ -10,8 +10,8 @@ from __future__ import annotations
 import threading
 import time
 
-from tests_helpers import _trial
-from torchkiln.tune import evidence, pipeline
+from tests_helpers import _trial, fake_tune_trials
+from torchkiln.tune import pipeline
 
 
 def test_independent_candidates_run_at_once_one_per_gpu(tmp_path, monkeypatch):
@@ -51,11 +51,7 @@ def test_independent_candidates_run_at_once_one_per_gpu(tmp_path, monkeypatch):
         result.update(id=spec.id, baseline=spec.baseline, process_wall_s=1.0)
         return result
 
-    monkeypatch.setattr(pipeline, "run_trial", fake_run_trial)
-    monkeypatch.setattr(pipeline, "visible_gpus", lambda device: [0, 1])
-    monkeypatch.setattr(pipeline, "preflight", lambda *a, **k: {"ok": True})
-    monkeypatch.setattr(evidence, "profile_verdict", lambda spec, t, **kw: {"verdict": "balanced"})
-    monkeypatch.setattr(evidence, "graph_breaks", lambda spec, t: {"breaks": 0})
+    fake_tune_trials(monkeypatch, fake_run_trial, gpus=(0, 1))
 
     doc = pipeline.tune("simple", device="cpu", preset="tiny", budget_s=600, out=tmp_path / "t")
 
@@ -118,16 +114,60 @@ def test_on_one_gpu_the_pool_allows_its_compile_slots_to_every_trial(tmp_path, m
         result.update(id=spec.id, baseline=spec.baseline, process_wall_s=1.0)
         return result
 
-    monkeypatch.setattr(pipeline, "run_trial", fake_run_trial)
-    monkeypatch.setattr(pipeline, "visible_gpus", lambda device: [None])
     why = "4 at once, 2 compiling at most"
     monkeypatch.setattr(pipeline, "search_slots", lambda *a: ([None] * 4, why, 2))
-    monkeypatch.setattr(pipeline, "preflight", lambda *a, **k: {"ok": True})
-    monkeypatch.setattr(evidence, "profile_verdict", lambda spec, t, **kw: {"verdict": "balanced"})
-    monkeypatch.setattr(evidence, "graph_breaks", lambda spec, t: {"breaks": 0})
-    monkeypatch.setenv("KILN_WARM_START", "0")
+    fake_tune_trials(monkeypatch, fake_run_trial)
     doc = pipeline.tune("simple", device="cpu", preset="tiny", budget_s=600, out=tmp_path / "t",
                         history=False)  # fmt: skip
     assert doc["stages"]["search"]["in_flight"] == {"trials": 4, "why": why, "compiles": 2}
     search = seen[1 : len(doc["trials"])]  # after the eager baseline, which runs alone
     assert search and all(n == 2 for n in search)
+
+
+def test_a_dear_compile_starts_before_cheaper_candidates_when_trials_run_at_once(
+    tmp_path, monkeypatch
+):
+    """With several trials in flight, a candidate priced at a third of the search's room or more
+    (tune/queue.py DEAR_SHARE) starts once the primaries have, ahead of cheaper ones planned
+    before it; with one trial at a time the plan order holds."""
+
+    def fake_run_trial(spec, trial_dir, *, host_lock=None, **_):
+        compiled = spec.variant.startswith("inductor")
+        # 20 s: the estimator's unit before it learns one, so that the estimates do not depend
+        # on which trials have ended when the diagnosis comes in.
+        result = _trial(spec.variant, 5.0, 2.0 if spec.index else 1.0, 20.0 if compiled else 0.0)
+        result.update(id=spec.id, baseline=spec.baseline, process_wall_s=1.0)
+        return result
+
+    class Started(pipeline.TuneEvents):
+        def __init__(self):
+            self.specs: list[str] = []
+
+        def stage(self, name, detail, seconds_left):
+            if name == "search" and " (of " in detail:
+                self.specs.append(detail.split(" (of ")[0])
+
+    fake_tune_trials(monkeypatch, fake_run_trial)
+    dear = "inductor:mode=max-autotune-no-cudagraphs,fullgraph=true,dynamic=false"
+    cheap = "inductor:dynamic=false+bf16"
+
+    def started(slots: int, out: str) -> tuple[list[str], list[str]]:
+        why = f"{slots} at once, {slots} compiling at most"
+        monkeypatch.setattr(pipeline, "search_slots", lambda *a: ([None] * slots, why, slots))
+        events = Started()
+        doc = pipeline.tune("simple", device="cpu", preset="tiny", budget_s=900,
+                            allow_precision={"bf16"}, out=tmp_path / out, events=events,
+                            history=False)  # fmt: skip
+        return doc["stages"]["search"]["planned"], events.specs
+
+    planned, order = started(4, "four")
+    # The plan has the cheap bf16 compile before max-autotune (priced at 15x a 20-s compile: 301 s
+    # against about 800 s of room).
+    assert planned.index(cheap) < planned.index(dear)
+    assert order.index(dear) < order.index(cheap), order
+    # The primary (planned before the diagnosis, without fullgraph) still went first.
+    assert order[0] == "inductor:dynamic=false", order
+    planned, order = started(2, "two")
+    assert order.index(dear) < order.index(cheap), order
+    planned, order = started(1, "one")
+    assert order.index(cheap) < order.index(dear), order

@@ -97,3 +97,63 @@ def test_the_second_turn_keeps_time_only_for_finalists_already_measured():
     both = head_to_head_reserve(runs, 600, eager)
     # 20 + 20 s arms in one process that starts once (5 s), scaled (H2H_COST_FACTOR).
     assert both == head_to_head_reserve(runs, 600, eager, more_to_come=False) == 0.85 * 35.0
+
+
+@dataclass
+class Planned:
+    spec: str
+    need: float
+    primary: bool = False
+
+
+def test_a_dear_candidate_starts_once_the_primaries_have():
+    plan = [
+        Planned("default+bf16", 40.0, primary=True),
+        Planned("reduce-overhead+bf16", 40.0, primary=True),
+        Planned("regions+bf16", 50.0),
+        Planned("channels_last+bf16", 40.0),
+        Planned("max-autotune+bf16", 300.0),
+    ]
+    queue = SearchQueue(plan)
+    log: list[str] = []
+
+    def fits(cand, second):
+        return None
+
+    def dear(cand):
+        return cand.need >= 400.0 / 3
+
+    order = []
+    while (taken := queue.take(fits, True, log.append, log.append, dear)) is not None:
+        order.append(taken[1].spec)
+    # The primaries in plan order, then the dear one, then the rest in plan order: the dear one
+    # keeps its plan index.
+    assert order == [
+        "default+bf16",
+        "reduce-overhead+bf16",
+        "max-autotune+bf16",
+        "regions+bf16",
+        "channels_last+bf16",
+    ]
+    assert log == []
+
+
+def test_a_dear_candidate_that_does_not_fit_is_deferred_as_any_other():
+    queue = SearchQueue([Planned("regions", 50.0), Planned("max-autotune", 300.0)])
+    log: list[str] = []
+
+    def fits(cand, second):
+        return None if cand.need <= 200.0 else f"{cand.need:g} > 200"
+
+    taken = []
+    while (t := queue.take(fits, False, lambda c, w: log.append(f"skip {c.spec}"),
+                           lambda c, w: log.append(f"defer {c.spec}"),
+                           lambda c: c.need >= 100.0)) is not None:  # fmt: skip
+        taken.append(f"{t[0]}:{t[1].spec}")
+    assert taken == ["1:regions"]
+    assert log == ["defer max-autotune", "skip max-autotune"]
+
+
+def test_without_a_dear_rule_the_plan_order_holds():
+    plan = [Planned("a", 10.0), Planned("b", 300.0), Planned("c", 10.0)]
+    assert drain(SearchQueue(plan), {False: 400.0, True: 400.0}, []) == ["1:a", "2:b", "3:c"]

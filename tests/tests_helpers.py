@@ -93,3 +93,16 @@ def assert_stream_pick(sel, streams):
     assert sel["tied"][0] == fastest and sel["best"] in sel["tied"]
     assert sel["best"] == min(sel["tied"], key=lambda v: one_off_s(streams[v]))
     assert sel["best"] == fastest or sel["reason"].startswith("tie: ")
+
+
+def fake_tune_trials(monkeypatch, run_trial, gpus=(None,)) -> None:
+    """A tune whose trials are ``run_trial`` (no process is started), on ``gpus``, with a
+    balanced profile verdict, no graph break, passing preflight and no warm trial start."""
+    from torchkiln.tune import evidence, pipeline
+
+    monkeypatch.setattr(pipeline, "run_trial", run_trial)
+    monkeypatch.setattr(pipeline, "visible_gpus", lambda device: list(gpus))
+    monkeypatch.setattr(pipeline, "preflight", lambda *a, **k: {"ok": True})
+    monkeypatch.setattr(evidence, "profile_verdict", lambda spec, t, **kw: {"verdict": "balanced"})
+    monkeypatch.setattr(evidence, "graph_breaks", lambda spec, t: {"breaks": 0})
+    monkeypatch.setenv("KILN_WARM_START", "0")

@@ -43,9 +43,10 @@ from torchkiln.tune.limits import (
     stop_note,
     trial_wall_s,
 )
-from torchkiln.tune.queue import SearchQueue
+from torchkiln.tune.queue import DEAR_SHARE, SearchQueue
 from torchkiln.tune.results_header import results_header
 from torchkiln.tune.search import (
+    EXACT_AFTER,
     Candidate,
     Evidence,
     after_diagnosis,
@@ -393,6 +394,12 @@ def tune(
             return None
         return does_not_fit(need, room, "the final comparison and report")
 
+    def dear(cand: Candidate) -> bool:
+        # Never an exact (fp32) candidate of a 16-bit search: those wait for every candidate at
+        # the lead precision (search.EXACT_AFTER).
+        room = search_room(search_left())
+        return cand.priority < EXACT_AFTER and estimate(cand) >= DEAR_SHARE * room
+
     def skip(cand: Candidate, why: str) -> None:
         stages["search"]["skipped"][cand.spec] = why
         events.skipped(cand.spec, why)
@@ -443,7 +450,9 @@ def tune(
         if not diagnosed_now and len(running) >= len(slots) - 1:
             return None  # the diagnosis holds one place in flight
         # Before the diagnosis, deferred primaries wait with it for the rest of the plan.
-        taken = queue.take(fits, bool(running) or not diagnosed_now, skip, defer)
+        busy = bool(running) or not diagnosed_now
+        order_by_cost = given is None and len(slots) > 1
+        taken = queue.take(fits, busy, skip, defer, dear if order_by_cost else None)
         if taken is None:
             return None
         i, cand = taken

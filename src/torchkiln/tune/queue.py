@@ -1,10 +1,23 @@
 """The search's queue: candidates in plan order, deferred rather than dropped when they do not
-fit what is left of the budget at their turn."""
+fit what is left of the budget at their turn, the dearest first where waiting would cost them
+their only chance."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+# A candidate whose estimate takes at least this share of the search's room is dear: where
+# several trials run at once it starts as soon as no primary waits, ahead of cheaper candidates
+# that fit later anyway (with one trial at a time the order changes no sum, only what is cut).
+# In an 8-minute resnet50 training tune (H100, torch 2.11, bf16, kiln b8486a3) the first
+# max-autotune compile started 175 s into a search share of about 418 s, behind eleven compiles
+# of 6-47 s, and was stopped after 262 s, still autotuning; the three max-autotune candidates by
+# themselves compiled in 348-361 s, side by side, and were all measured within the same budget
+# (benchmarks/results/tune_speed/h100/part-tune8-resnet50.json, part-autotuned-resnet50.json).
+# A third: before any compile is measured an autotuned candidate is priced at about 170 s (8x
+# the estimator's 20-s default unit, plus overhead) against about 400 s of room in such a tune.
+DEAR_SHARE = 1 / 3
 
 
 class SearchQueue:
@@ -16,7 +29,8 @@ class SearchQueue:
     pipeline keeps time only for the finalists already measured. On an H200 (commit 4f3d327) a
     2-minute tune of `simple` skipped five candidates estimated at 35-345 s with 31 s of room,
     keeping 30 s for a comparison that never ran (one compiled variant was measured), and ended
-    at 56 s of its 120."""
+    at 56 s of its 120. A dear candidate (DEAR_SHARE) is taken out of plan order once no
+    primary waits."""
 
     def __init__(self, plan: list[Any]) -> None:
         self.pending: list[tuple[int, Any]] = list(enumerate(plan, start=1))
@@ -34,18 +48,19 @@ class SearchQueue:
         running: bool,
         skip: Callable[[Any, str], None],
         defer: Callable[[Any, str], None],
+        dear: Callable[[Any], bool] | None = None,
     ) -> tuple[int, Any] | None:
         """The next candidate to start, or None: nothing left, or (`running`) nothing to start
         until a running trial ends. `fits(cand, second_turn)` gives None where the candidate
         fits, else why not; `defer` and `skip` are told of each candidate deferred or
-        skipped."""
+        skipped; `dear(cand)`, where given, marks a candidate to start before the rest."""
         while True:
             if not self.pending:
                 if running or not self.deferred:
                     return None
                 self.pending.extend(self.deferred)
                 self.deferred.clear()
-            i, cand = self.pending.pop(0)
+            i, cand = self.pending.pop(self._next(dear))
             second = cand.spec in self.deferred_why
             why = fits(cand, second)
             if why is None:
@@ -56,3 +71,10 @@ class SearchQueue:
                 self.deferred_why[cand.spec] = why
                 self.deferred.append((i, cand))
                 defer(cand, why)
+
+    def _next(self, dear: Callable[[Any], bool] | None) -> int:
+        """Where in `pending` the next candidate is: the first, unless no primary waits and a
+        later one is dear."""
+        if dear is None or any(getattr(c, "primary", False) for _, c in self.pending):
+            return 0
+        return next((k for k, (_, c) in enumerate(self.pending) if dear(c)), 0)
