@@ -197,14 +197,16 @@ def test_results_keep_their_shape_with_the_diagnosis_beside_or_before(tmp_path, 
 
 
 def test_zero_breaks_the_primary_measured_without_fullgraph_stands_for_its_twin():
-    from torchkiln.tune.search import Evidence, after_diagnosis, candidates
+    from torchkiln.tune.search import Evidence, after_diagnosis, candidates, early_plan
 
     before = Evidence(device="cuda", step="infer", allow_precision={"bf16"})
-    early = [c.spec for c in candidates(before) if c.primary]
+    early = [c.spec for c in early_plan(before)]
     after = Evidence(device="cuda", step="infer", allow_precision={"bf16"}, graph_breaks=0)
     rest, stand_for = after_diagnosis(early, candidates(after), after)
     assert sorted(stand_for.values()) == sorted(early)
     assert all("fullgraph=true" in k for k in stand_for)
+    # The autotuned modes started early are stood for too: none is planned twice.
+    assert sum("max-autotune" in s for s in stand_for.values()) == 2
     assert not {c.spec for c in rest} & (set(stand_for) | set(early))
     # With breaks nothing stands in: the plan's specs are the ones measured.
     broken = Evidence(device="cuda", step="infer", allow_precision={"bf16"}, graph_breaks=3)
@@ -254,3 +256,26 @@ def test_the_real_profile_worker_waits_for_a_neighbours_timed_reps(tmp_path):
     phases = [p for p in doc["phase_at"] if p[0] != "host_wait"]
     assert [p[0] for p in phases] == ["build", "warmup", "profile", "analyze"]
     assert all(start >= round(released[0], 3) for _, start, _ in phases)
+
+
+def test_the_autotuned_modes_at_the_lead_precision_start_beside_the_diagnosis():
+    """Besides the primaries, the search's longest compiles, max-autotune with and without CUDA
+    graphs over the whole model at the lead precision, start before the diagnosis is in; on the
+    CPU or with no 16-bit precision allowed only the primaries do."""
+    from torchkiln.tune.search import Evidence, candidates, early_plan
+
+    ev = Evidence(device="cuda", step="train", convolutional=True, allow_precision={"bf16"})
+    early = [c.spec for c in early_plan(ev)]
+    primaries = [c.spec for c in candidates(ev) if c.primary]
+    assert early[: len(primaries)] == primaries
+    assert early[len(primaries) :] == [
+        "inductor:mode=max-autotune-no-cudagraphs,dynamic=false+bf16",
+        "inductor:mode=max-autotune,dynamic=false+bf16",
+    ]
+    for other in (
+        Evidence(device="cuda", step="train", convolutional=True),
+        Evidence(device="cpu", step="infer", allow_precision={"bf16"}),
+    ):
+        assert [c.spec for c in early_plan(other)] == [
+            c.spec for c in candidates(other) if c.primary
+        ]

@@ -51,6 +51,7 @@ from torchkiln.tune.search import (
     Evidence,
     after_diagnosis,
     candidates,
+    early_plan,
     fixed_cost_pairs,
     given_plan,
     refinements,
@@ -351,9 +352,10 @@ def tune(
         repair, plan_doc = gather.repair_plan(base, graph, fix, out / "repair")
         plan = absorb(Findings(skipped, graph, repair, plan_doc))
     elif beside:
-        # The primaries (the plain modes, which the diagnosis does not change) start beside it;
-        # the rest of the plan, ordered by the verdict and holding the remedies, when it is in.
-        plan = [c for c in candidates(evidence) if c.primary]
+        # The primaries (the plain modes, which the diagnosis does not change) and the autotuned
+        # modes at the lead precision start beside it (search.early_plan); the rest of the plan,
+        # ordered by the verdict and holding the remedies, when it is in.
+        plan = early_plan(evidence)
     else:
         plan = absorb(diagnosis.run())
     stages["search"] = {

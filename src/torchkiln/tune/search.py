@@ -191,6 +191,32 @@ def candidates(ev: Evidence) -> list[Candidate]:
     return out
 
 
+def early_plan(ev: Evidence) -> list[Candidate]:
+    """What the search starts beside the diagnosis, before the profile verdict and the graph
+    breaks are in: the primaries, and on a GPU the autotuned modes over the whole model at the
+    lead precision. Neither depends on the diagnosis (with no break a `fullgraph=true` twin
+    planned later is stood for by the one measured: after_diagnosis), and the autotuned ones
+    are the search's longest compiles: in an 8-minute resnet50 training tune (H100, kiln b8486a3)
+    the diagnosis took 55 s with two places of the six in flight in use, and max-autotune, planned
+    after it and behind the plain compiles, was stopped still autotuning at the search's end
+    (`tune_speed/h100/tune8-resnet50-results.json`)."""
+    lead = lead_precision(ev)
+
+    def autotuned_at_lead(c: Candidate) -> bool:
+        v = parse_variant(c.spec)
+        mode = getattr(v.backend, "mode", None) or ""
+        whole = getattr(v.backend, "scope", "model") == "model"
+        plain = whole and not v.channels_last and not v.fixes
+        return (
+            v.name == "inductor"
+            and mode.startswith("max-autotune")
+            and plain
+            and (lead is not None and v.precision == lead)
+        )
+
+    return [c for c in candidates(ev) if c.primary or autotuned_at_lead(c)]
+
+
 # Remedies right after the plain modes they repair: an encoder with a NaN guard, an .item() and
 # a log call per block ran 0.56 ms per step with the three fixed against 2.46 ms for the best
 # plain mode (H200, torch 2.11, bf16, batch 16 x 128, reduce-overhead). Each single remedy
