@@ -6,8 +6,9 @@ reused fixed costs, the diagnosis beside the search, and the time-spent account.
     PYTHONPATH=src python3 benchmarks/bench_tune_speed.py --out OUT --summarize
 
 Workloads: kiln's `gpt2` (GPT-2 small, 8 x 512, inference) and `resnet50` training, bf16
-allowed. Each part is one command under 10 minutes and writes OUT/part-<name>.json (run
-directories under OUT/runs); --summarize combines the parts there into OUT/bench_tune_speed.json
+allowed. Each part is one command under 10 minutes and writes OUT/part-<name>.json, and a tune's
+results.json and report.md as OUT/<name>-results.json and -report.md (run directories under
+OUT/runs); --summarize combines the parts there into OUT/bench_tune_speed.json
 and prints the table. The parts, and the goal each is judged against:
 
 - `tune8:W` `kiln tune W --budget 8m`: (a) every candidate of the default plan ran (none skipped
@@ -485,9 +486,14 @@ def run_part(args: argparse.Namespace, name: str, out: Path) -> None:
         preset=args.preset,
     )
     part.setdefault("environment", environment(args.device))
-    (out / f"part-{name.replace(':', '-')}.json").write_text(
-        json.dumps(part, indent=2, default=str)
-    )
+    stem = name.replace(":", "-")
+    (out / f"part-{stem}.json").write_text(json.dumps(part, indent=2, default=str))
+    # The tune's own results and report beside the part, as the results folder keeps them (the
+    # run directory, with every trial's files, stays under OUT/runs).
+    run = Path(part["run_dir"]) if part.get("run_dir") else None
+    for kept in ("results.json", "report.md"):
+        if run is not None and (run / kept).exists():
+            shutil.copyfile(run / kept, out / f"{stem}-{kept}")
 
 
 # --- the summary ----------------------------------------------------------------------------
