@@ -35,6 +35,11 @@ and prints the table. The parts, and the goal each is judged against:
   unmeasured, this says whether they fit the budget even with nothing else planned: if they do
   not, (a) cannot hold for that plan on that host, whatever the order of the others. Each
   candidate's first call (its compile) is recorded.
+- `alone:resnet50` the same with only the max-autotune refinement of the leader the 8-minute
+  tunes settle on (ALONE), nothing compiling beside it: its first call is the least that
+  refinement's trial takes. Against `tune8:resnet50`'s timeline (seconds from the baseline
+  trial's start) it bounds (a): a refinement starts no earlier than its leader's trial ends, so
+  where that end plus this compile passes the search's end, no order of that run fits it.
 - `pauses` `kiln tune resnet50 --step infer --budget 4m45s --variants` PAUSES: a max-autotune
   candidate beside four that compile in seconds; each trial's pauses, waits for the host and
   when it timed its reps show whether they waited out the max-autotune compile or timed in its
@@ -91,6 +96,10 @@ AUTOTUNED = {
         "inductor:mode=max-autotune,dynamic=false+bf16+channels_last",
     ]
 }
+# The max-autotune refinement of the leader that resnet50 training's 8-minute tunes settle on
+# (reduce-overhead, whole step + bf16 + channels_last: tune_speed/h100 and h200
+# tune8-resnet50-results.json, stages.search.refined).
+ALONE = {"resnet50": ["inductor:mode=max-autotune,dynamic=false,scope=step+bf16+channels_last"]}
 # The `pauses` part: resnet50 inference, a max-autotune candidate (first in the plan) beside four
 # that compile in seconds, so they wait for their timed turn while it autotunes.
 PAUSES = [
@@ -106,6 +115,7 @@ PARTS = [
     *(f"tune8:{w}" for w in WORKLOADS),
     *(f"ref:{w}" for w in WORKLOADS),
     *(f"autotuned:{w}" for w in AUTOTUNED),
+    *(f"alone:{w}" for w in ALONE),
     "pauses",
 ]
 GOAL_OVERHEAD_S = 5.0
@@ -304,8 +314,54 @@ def overheads(doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def timeline(doc: dict[str, Any]) -> dict[str, Any]:
+    """When each search trial ran and when the search's share ended, in seconds from the
+    baseline trial's start (the baseline stage's start, to within its process start); a trial
+    stopped without a result has no phases and is left out."""
+    trials = doc.get("trials") or []
+    if not trials or not trials[0].get("phase_at"):
+        return {"trials": {}, "search_end_s": None}
+    t0 = trials[0]["phase_at"][0][1]
+    spans = {
+        t["variant"]: [round(t["phase_at"][0][1] - t0, 1), round(t["phase_at"][-1][2] - t0, 1)]
+        for t in trials[1:]
+        if t.get("phase_at")
+    }
+    stages = (doc.get("time_spent") or {}).get("stages_s") or {}
+    end = None
+    if "search" in stages:
+        end = round(stages.get("baseline", 0.0) + stages["search"], 1)
+    return {"trials": spans, "search_end_s": end}
+
+
+def refinement_bound(t8: dict[str, Any], alone: dict[str, Any]) -> dict[str, Any]:
+    """For each autotuned refinement the 8-minute tune skipped or stopped and `alone` compiled:
+    its leader's trial end plus that compile, against the search's end."""
+    line = t8.get("timeline") or {}
+    spans, end = line.get("trials") or {}, line.get("search_end_s")
+    cut = {**t8["plan"]["skipped"], **t8["plan"]["failed"]}
+    out: dict[str, Any] = {}
+    for r in t8.get("refined") or []:
+        compile_s = (alone.get("first_call_s") or {}).get(r["spec"])
+        if compile_s is None:  # stopped while compiling: a lower bound serves as well
+            compile_s = (alone.get("first_call_at_least_s") or {}).get(r["spec"])
+        leader = spans.get(r["leader"])
+        if r["spec"] not in cut or compile_s is None or leader is None or end is None:
+            continue
+        out[r["spec"]] = {
+            "leader": r["leader"],
+            "leader_ended_s": leader[1],
+            "compile_alone_s": compile_s,
+            "search_end_s": end,
+            "cannot_fit": leader[1] + compile_s > end,
+        }
+    return out
+
+
 def tune_summary(doc: dict[str, Any]) -> dict[str, Any]:
     return {
+        "timeline": timeline(doc),
+        "refined": (doc.get("stages") or {}).get("search", {}).get("refined", []),
         "pick": (doc.get("selection") or {}).get("best"),
         "budget_s": doc.get("budget_s"),
         "tune_wall_s": doc.get("wall_s"),
@@ -340,8 +396,9 @@ def part_tune(args: argparse.Namespace, name: str, out: Path) -> dict[str, Any]:
         extra = ()
         if kind == "arms":
             extra = ("--variants", ",".join(arm_spec(m, p) for m, p in ARMS[1:]))
-        elif kind == "autotuned":
-            extra = ("--variants", ",".join(AUTOTUNED[workload]))
+        elif kind in ("autotuned", "alone"):
+            given = AUTOTUNED if kind == "autotuned" else ALONE
+            extra = ("--variants", ",".join(given[workload]))
         shutil.rmtree(run, ignore_errors=True)  # a fresh tune: nothing reused
         had = 0
     run.mkdir(parents=True, exist_ok=True)
@@ -383,9 +440,15 @@ def part_tune(args: argparse.Namespace, name: str, out: Path) -> dict[str, Any]:
         part.update(call)
     if doc is not None:
         part.update(tune_summary(doc))
-        if kind == "autotuned":
+        if kind in ("autotuned", "alone"):
             part["first_call_s"] = {
                 t["variant"]: (t.get("phase_s") or {}).get("first_call") for t in doc["trials"]
+            }
+            # A trial stopped while compiling compiled for at least its seconds so far.
+            part["first_call_at_least_s"] = {
+                t["variant"]: t.get("process_wall_s")
+                for t in doc["trials"]
+                if t.get("status") == "timeout" and t.get("phase") == "first_call"
             }
     return part
 
@@ -518,6 +581,14 @@ def judge(parts: dict[str, dict[str, Any]]) -> dict[str, Any]:
             # false: the max-autotune candidates alone do not fit the budget, so (a) cannot
             # hold for this plan on this host
             g["a_bound_autotuned_alone_fit"] = alone["plan"]["every_candidate_ran"]
+        leader_alone = parts.get(f"alone:{w}")
+        if t8 and t8.get("plan") and leader_alone:
+            bound = refinement_bound(t8, leader_alone)
+            if bound:
+                # true: the leader's autotuned refinement could not end inside that run's search
+                # in any order, once its leader was known
+                g["a_bound_leader_refinement"] = bound
+                g["a_bound_refinements_cannot_fit"] = all(b["cannot_fit"] for b in bound.values())
         goals[w] = g
     loop, arms = parts.get("loop"), parts.get("arms:gpt2")
     if loop and arms and loop.get("complete") and arms.get("wall_s"):

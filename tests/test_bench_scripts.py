@@ -369,3 +369,41 @@ def test_tune_speed_pauses_part_accounts_each_trials_pauses_waits_and_reps():
     assert got[ts.PAUSES[0]]["reason"] == "no result after 222 s"
     assert got[ts.PAUSES[1]]["measure_at"] == [[29.0, 33.3]]
     assert got[ts.PAUSES[1]]["host_wait_s"] == 16.8 and got[ts.PAUSES[1]]["median_ms"] == 7.57
+
+
+def test_tune_speed_bounds_the_leaders_autotuned_refinement_by_its_compile_alone():
+    ts = _load("bench_tune_speed")
+    leader = "inductor:mode=reduce-overhead,dynamic=false,scope=step+bf16+channels_last"
+    autotuned = ts.ALONE["resnet50"][0]
+    doc = {
+        "trials": [
+            {"variant": "eager", "phase_at": [["start", 100.0, 100.5], ["measure", 101.0, 108.0]]},
+            {"variant": leader, "status": "ok", "phase_at": [["start", 265.0, 266.0],
+                                                            ["check", 330.0, 331.0]]},
+            {"variant": "stopped", "status": "timeout"},
+        ],
+        "time_spent": {"stages_s": {"environment": 9.0, "baseline": 9.0, "search": 418.8}},
+    }  # fmt: skip
+    line = ts.timeline(doc)
+    assert line == {"trials": {leader: [165.0, 231.0]}, "search_end_s": 427.8}
+    t8 = {
+        "timeline": line,
+        "refined": [{"leader": leader, "spec": autotuned}, {"leader": leader, "spec": "other"}],
+        "plan": {"skipped": {autotuned: "would not fit"}, "failed": {}},
+    }
+    bound = ts.refinement_bound(t8, {"first_call_s": {autotuned: 200.0}})
+    assert bound[autotuned]["cannot_fit"] is True  # 231 + 200 > 427.8
+    assert bound[autotuned]["leader_ended_s"] == 231.0 and "other" not in bound
+    assert (
+        ts.refinement_bound(t8, {"first_call_s": {autotuned: 190.0}})[autotuned]["cannot_fit"]
+        is False
+    )  # 231 + 190 < 427.8: some order could have fitted it
+    goals = ts.judge({"tune8:resnet50": {**t8, "plan": {**t8["plan"], "every_candidate_ran": False,
+                      "max_autotune_measured": False}, "overhead": {"goal_median_excl_wait_le_5s":
+                      True}, "aa": {"median": 1.0, "ci95": [0.999, 1.001]}},
+                      "alone:resnet50": {"first_call_s": {autotuned: 348.0}}})  # fmt: skip
+    assert goals["resnet50"]["a_bound_refinements_cannot_fit"] is True
+    # Stopped while compiling: its seconds so far are a lower bound, which serves as well.
+    stopped = {"first_call_s": {autotuned: None}, "first_call_at_least_s": {autotuned: 430.0}}
+    assert ts.refinement_bound(t8, stopped)[autotuned]["cannot_fit"] is True
+    assert "alone:resnet50" in ts.PARTS
