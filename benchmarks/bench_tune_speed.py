@@ -40,6 +40,10 @@ and prints the table. The parts, and the goal each is judged against:
   refinement's trial takes. Against `tune8:resnet50`'s timeline (seconds from the baseline
   trial's start) it bounds (a): a refinement starts no earlier than its leader's trial ends, so
   where that end plus this compile passes the search's end, no order of that run fits it.
+- `alone-base:resnet50` the same with one max-autotune candidate of the base plan (ALONE_BASE).
+  Timed reps never run while a compile does, so a search that measures it beside the trials
+  `tune8:resnet50` measured lasts at least the search's start, this compile and those trials'
+  timed reps; where that passes the search's end, no order fits it.
 - `pauses` `kiln tune resnet50 --step infer --budget 4m45s --variants` PAUSES: a max-autotune
   candidate beside four that compile in seconds; each trial's pauses, waits for the host and
   when it timed its reps show whether they waited out the max-autotune compile or timed in its
@@ -100,6 +104,10 @@ AUTOTUNED = {
 # (reduce-overhead, whole step + bf16 + channels_last: tune_speed/h100 and h200
 # tune8-resnet50-results.json, stages.search.refined).
 ALONE = {"resnet50": ["inductor:mode=max-autotune,dynamic=false,scope=step+bf16+channels_last"]}
+# A max-autotune candidate of resnet50 training's base plan (AUTOTUNED's second), alone.
+ALONE_BASE = {"resnet50": ["inductor:mode=max-autotune,fullgraph=true,dynamic=false+bf16"]}
+# The parts that tune only the candidates given, each a dict of workload -> specs.
+GIVEN = {"autotuned": AUTOTUNED, "alone": ALONE, "alone-base": ALONE_BASE}
 # The `pauses` part: resnet50 inference, a max-autotune candidate (first in the plan) beside four
 # that compile in seconds, so they wait for their timed turn while it autotunes.
 PAUSES = [
@@ -116,6 +124,7 @@ PARTS = [
     *(f"ref:{w}" for w in WORKLOADS),
     *(f"autotuned:{w}" for w in AUTOTUNED),
     *(f"alone:{w}" for w in ALONE),
+    *(f"alone-base:{w}" for w in ALONE_BASE),
     "pauses",
 ]
 GOAL_OVERHEAD_S = 5.0
@@ -327,11 +336,18 @@ def timeline(doc: dict[str, Any]) -> dict[str, Any]:
         for t in trials[1:]
         if t.get("phase_at")
     }
+    # Each trial's timed reps: no compile runs during them (host_lock.py), so their sum and any
+    # compile's time outside its pauses add up within the search.
+    timed = {
+        t["variant"]: round((t.get("phase_s") or {}).get("measure", 0.0), 2)
+        for t in trials[1:]
+        if t.get("phase_at")
+    }
     stages = (doc.get("time_spent") or {}).get("stages_s") or {}
     end = None
     if "search" in stages:
         end = round(stages.get("baseline", 0.0) + stages["search"], 1)
-    return {"trials": spans, "search_end_s": end}
+    return {"trials": spans, "timed_s": timed, "search_end_s": end}
 
 
 def refinement_bound(t8: dict[str, Any], alone: dict[str, Any]) -> dict[str, Any]:
@@ -354,6 +370,37 @@ def refinement_bound(t8: dict[str, Any], alone: dict[str, Any]) -> dict[str, Any
             "compile_alone_s": compile_s,
             "search_end_s": end,
             "cannot_fit": leader[1] + compile_s > end,
+        }
+    return out
+
+
+def base_bound(t8: dict[str, Any], alone: dict[str, Any]) -> dict[str, Any]:
+    """For each base-plan max-autotune candidate the 8-minute tune skipped or stopped and `alone`
+    compiled: the least search that measures it beside the trials that tune measured. A timed rep
+    never runs while a compile does, so the search holds, one after another, its start, that
+    compile (at least its time alone) and every measured trial's timed reps."""
+    line = t8.get("timeline") or {}
+    spans, timed, end = line.get("trials") or {}, line.get("timed_s"), line.get("search_end_s")
+    cut = {**t8["plan"]["skipped"], **t8["plan"]["failed"]}
+    refined = {r["spec"] for r in t8.get("refined") or []}
+    out: dict[str, Any] = {}
+    if not spans or timed is None or end is None:
+        return out
+    start = min(s for s, _ in spans.values())
+    for spec, compile_s in {
+        **(alone.get("first_call_at_least_s") or {}),
+        **{k: v for k, v in (alone.get("first_call_s") or {}).items() if v is not None},
+    }.items():
+        if spec not in cut or spec in refined:
+            continue
+        need = start + compile_s + sum(timed.values())
+        out[spec] = {
+            "search_start_s": start,
+            "compile_alone_s": compile_s,
+            "timed_reps_of_measured_s": round(sum(timed.values()), 1),
+            "least_search_s": round(need, 1),
+            "search_end_s": end,
+            "cannot_fit": need > end,
         }
     return out
 
@@ -396,9 +443,8 @@ def part_tune(args: argparse.Namespace, name: str, out: Path) -> dict[str, Any]:
         extra = ()
         if kind == "arms":
             extra = ("--variants", ",".join(arm_spec(m, p) for m, p in ARMS[1:]))
-        elif kind in ("autotuned", "alone"):
-            given = AUTOTUNED if kind == "autotuned" else ALONE
-            extra = ("--variants", ",".join(given[workload]))
+        elif kind in GIVEN:
+            extra = ("--variants", ",".join(GIVEN[kind][workload]))
         shutil.rmtree(run, ignore_errors=True)  # a fresh tune: nothing reused
         had = 0
     run.mkdir(parents=True, exist_ok=True)
@@ -440,7 +486,7 @@ def part_tune(args: argparse.Namespace, name: str, out: Path) -> dict[str, Any]:
         part.update(call)
     if doc is not None:
         part.update(tune_summary(doc))
-        if kind in ("autotuned", "alone"):
+        if kind in GIVEN:
             part["first_call_s"] = {
                 t["variant"]: (t.get("phase_s") or {}).get("first_call") for t in doc["trials"]
             }
@@ -589,6 +635,14 @@ def judge(parts: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 # in any order, once its leader was known
                 g["a_bound_leader_refinement"] = bound
                 g["a_bound_refinements_cannot_fit"] = all(b["cannot_fit"] for b in bound.values())
+        base_alone = parts.get(f"alone-base:{w}")
+        if t8 and t8.get("plan") and base_alone:
+            bound = base_bound(t8, base_alone)
+            if bound:
+                # true: that candidate and the timed reps the tune took do not fit its search
+                # together, in any order
+                g["a_bound_base_autotuned"] = bound
+                g["a_bound_base_cannot_fit"] = all(b["cannot_fit"] for b in bound.values())
         goals[w] = g
     loop, arms = parts.get("loop"), parts.get("arms:gpt2")
     if loop and arms and loop.get("complete") and arms.get("wall_s"):

@@ -385,7 +385,8 @@ def test_tune_speed_bounds_the_leaders_autotuned_refinement_by_its_compile_alone
         "time_spent": {"stages_s": {"environment": 9.0, "baseline": 9.0, "search": 418.8}},
     }  # fmt: skip
     line = ts.timeline(doc)
-    assert line == {"trials": {leader: [165.0, 231.0]}, "search_end_s": 427.8}
+    assert line == {"trials": {leader: [165.0, 231.0]}, "timed_s": {leader: 0.0},
+                    "search_end_s": 427.8}  # fmt: skip
     t8 = {
         "timeline": line,
         "refined": [{"leader": leader, "spec": autotuned}, {"leader": leader, "spec": "other"}],
@@ -407,3 +408,41 @@ def test_tune_speed_bounds_the_leaders_autotuned_refinement_by_its_compile_alone
     stopped = {"first_call_s": {autotuned: None}, "first_call_at_least_s": {autotuned: 430.0}}
     assert ts.refinement_bound(t8, stopped)[autotuned]["cannot_fit"] is True
     assert "alone:resnet50" in ts.PARTS
+
+
+def test_tune_speed_bounds_a_base_autotuned_candidate_by_its_compile_and_the_timed_reps():
+    ts = _load("bench_tune_speed")
+    base = ts.ALONE_BASE["resnet50"][0]
+    refinement = ts.ALONE["resnet50"][0]
+
+    def trial(name: str, start: float, end: float, measure: float) -> dict:
+        return {"variant": name, "status": "ok", "phase_s": {"measure": measure},
+                "phase_at": [["start", start, start + 1], ["check", end - 1, end]]}  # fmt: skip
+
+    doc = {
+        "trials": [trial("eager", 0.0, 11.0, 3.5), trial("a", 11.3, 95.0, 4.0),
+                   trial("b", 20.0, 236.0, 40.0)],
+        "time_spent": {"stages_s": {"baseline": 12.2, "search": 401.2}},
+    }  # fmt: skip
+    line = ts.timeline(doc)
+    # The baseline trial's reps come before the search: not counted.
+    assert line["timed_s"] == {"a": 4.0, "b": 40.0} and line["search_end_s"] == 413.4
+    t8 = {
+        "timeline": line,
+        "refined": [{"leader": "a", "spec": refinement}],
+        "plan": {"failed": {base: "timeout", refinement: "timeout"}, "skipped": {},
+                 "every_candidate_ran": False, "max_autotune_measured": False},
+        "overhead": {"goal_median_excl_wait_le_5s": True},
+        "aa": {"median": 1.0, "ci95": [0.999, 1.001]},
+    }  # fmt: skip
+    # 11.3 + 360 + 44 = 415.3 > 413.4; a refinement is bounded by its leader, not here.
+    alone = {"first_call_s": {base: 360.0, refinement: 500.0}}
+    bound = ts.base_bound(t8, alone)
+    assert list(bound) == [base]
+    assert bound[base]["least_search_s"] == 415.3 and bound[base]["cannot_fit"] is True
+    assert ts.base_bound(t8, {"first_call_s": {base: 350.0}})[base]["cannot_fit"] is False
+    stopped = {"first_call_s": {base: None}, "first_call_at_least_s": {base: 370.0}}
+    assert ts.base_bound(t8, stopped)[base]["compile_alone_s"] == 370.0
+    goals = ts.judge({"tune8:resnet50": t8, "alone-base:resnet50": alone})
+    assert goals["resnet50"]["a_bound_base_cannot_fit"] is True
+    assert "alone-base:resnet50" in ts.PARTS
