@@ -443,6 +443,10 @@ def test_tune_speed_bounds_a_base_autotuned_candidate_by_its_compile_and_the_tim
     assert ts.base_bound(t8, {"first_call_s": {base: 350.0}})[base]["cannot_fit"] is False
     stopped = {"first_call_s": {base: None}, "first_call_at_least_s": {base: 370.0}}
     assert ts.base_bound(t8, stopped)[base]["compile_alone_s"] == 370.0
+    # With no graph break the tune measures the candidate without `fullgraph=true`.
+    twin = base.replace("fullgraph=true,", "")
+    t8_twin = {**t8, "plan": {**t8["plan"], "failed": {twin: "timeout"}}}
+    assert ts.base_bound(t8_twin, alone)[twin]["cannot_fit"] is True
     goals = ts.judge({"tune8:resnet50": t8, "alone-base:resnet50": alone})
     assert goals["resnet50"]["a_bound_base_cannot_fit"] is True
     assert "alone-base:resnet50" in ts.PARTS

@@ -148,6 +148,8 @@ def test_a_dear_compile_starts_before_cheaper_candidates_when_trials_run_at_once
                 self.specs.append(detail.split(" (of ")[0])
 
     fake_tune_trials(monkeypatch, fake_run_trial)
+    # Priced from the start: the wait for a price has a test of its own (below).
+    monkeypatch.setattr(pipeline.Estimator, "priced", lambda self, cand: True)
     dear = "inductor:mode=max-autotune-no-cudagraphs,fullgraph=true,dynamic=false"
     cheap = "inductor:dynamic=false+bf16"
 
@@ -171,3 +173,41 @@ def test_a_dear_compile_starts_before_cheaper_candidates_when_trials_run_at_once
     assert order.index(dear) < order.index(cheap), order
     planned, order = started(1, "one")
     assert order.index(cheap) < order.index(dear), order
+
+
+def test_a_dear_compile_waits_for_the_first_compile_to_price_it(tmp_path, monkeypatch):
+    """Before any compile of the tune has ended a dear candidate's estimate is a guess (the
+    estimator's default unit), so while one is in flight it is held and cheaper candidates take
+    the free places; once a compile ends and prices it, it starts ahead of those still waiting."""
+    spans: dict[str, list[float]] = {}
+    guard = threading.Lock()
+
+    def fake_run_trial(spec, trial_dir, *, host_lock=None, **_):
+        compiled = spec.variant.startswith("inductor")
+        start = time.monotonic()
+        time.sleep(0.4 if compiled else 0.0)
+        with guard:
+            spans[spec.variant] = [start, time.monotonic()]
+        result = _trial(spec.variant, 5.0, 2.0 if spec.index else 1.0, 20.0 if compiled else 0.0)
+        result.update(id=spec.id, baseline=spec.baseline, process_wall_s=1.0)
+        return result
+
+    fake_tune_trials(monkeypatch, fake_run_trial)
+    why = "4 at once, 4 compiling at most"
+    monkeypatch.setattr(pipeline, "search_slots", lambda *a: ([None] * 4, why, 4))
+    doc = pipeline.tune("simple", device="cpu", preset="tiny", budget_s=900,
+                        allow_precision={"bf16"}, out=tmp_path / "t", history=False)  # fmt: skip
+    dear = "inductor:mode=max-autotune-no-cudagraphs,fullgraph=true,dynamic=false"
+    planned = doc["stages"]["search"]["planned"]
+    searched = [v for v in planned if v in spans]
+    first_end = min(spans[v][1] for v in searched if v.startswith("inductor") and v != dear)
+    # Held until a compile ended...
+    assert spans[dear][0] >= first_end
+    # ...while cheaper candidates planned after it started...
+    assert any(spans[v][0] < first_end for v in planned[planned.index(dear) + 1 :] if v in spans), (
+        spans
+    )
+    # ...and then ahead of one planned before it that was still waiting.
+    assert any(
+        spans[v][0] > spans[dear][0] for v in planned[: planned.index(dear)] if v in spans
+    ), spans

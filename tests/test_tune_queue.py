@@ -157,3 +157,21 @@ def test_a_dear_candidate_that_does_not_fit_is_deferred_as_any_other():
 def test_without_a_dear_rule_the_plan_order_holds():
     plan = [Planned("a", 10.0), Planned("b", 300.0), Planned("c", 10.0)]
     assert drain(SearchQueue(plan), {False: 400.0, True: 400.0}, []) == ["1:a", "2:b", "3:c"]
+
+
+def test_a_held_candidate_keeps_its_place_and_nothing_starts_when_all_are_held():
+    plan = [Planned("max-autotune", 300.0), Planned("regions", 50.0), Planned("cl", 40.0)]
+    queue = SearchQueue(plan)
+    held = {"max-autotune"}
+
+    def take():
+        t = queue.take(lambda c, s: None, True, print, print, lambda c: c.need >= 100.0,
+                       lambda c: c.spec in held)  # fmt: skip
+        return None if t is None else f"{t[0]}:{t[1].spec}"
+
+    assert take() == "2:regions"
+    held |= {"cl"}
+    assert take() is None  # everything left is held: wait for a running trial to end
+    held.clear()
+    assert take() == "1:max-autotune"  # priced now: the dear one first, at its plan index
+    assert take() == "3:cl" and take() is None

@@ -240,6 +240,25 @@ def test_estimates_are_learned_per_compile_family():
     assert compile_family("cudagraphs+bf16") == "cudagraphs"
 
 
+def test_a_candidate_is_priced_once_a_compile_of_its_family_or_a_plain_one_ends():
+    from torchkiln.tune.limits import Estimator
+    from torchkiln.tune.search import Candidate
+
+    est = Estimator(overhead_s=9.0)
+    autotune = Candidate("inductor:mode=max-autotune,dynamic=false+bf16", "", 0, 8.8)
+    assert not est.priced(autotune)  # the default unit's guess
+    # A regional compile prices regional candidates, not a whole-model autotuned one.
+    est.learn(Candidate("inductor:dynamic=false,scope=regions+bf16", "", 0, 0.4),
+              {"status": "ok", "first_call_s": 60.0})  # fmt: skip
+    assert not est.priced(autotune)
+    est.learn(Candidate("inductor:dynamic=false+bf16", "", 0, 1.0),
+              {"status": "ok", "first_call_s": 60.0})  # fmt: skip
+    assert est.priced(autotune)
+    stopped = Estimator(overhead_s=9.0)
+    stopped.learn(autotune, {"status": "timeout", "phase": "first_call", "process_wall_s": 300.0})
+    assert stopped.priced(autotune)
+
+
 def test_a_compile_stopped_while_compiling_is_a_lower_bound_for_its_family():
     from torchkiln.tune.limits import Estimator
     from torchkiln.tune.search import Candidate

@@ -191,6 +191,13 @@ class Estimator:
         self.units: dict[str, list[float]] = {}  # family -> first call / compile factor
         self.stopped_s: dict[str, float] = {}  # family -> longest trial stopped compiling
 
+    def priced(self, cand: Any) -> bool:
+        """Whether a compile of this tune prices ``cand``: one of its family, or a whole-model
+        plain one, has ended (or one of its family was stopped). Before, its estimate is a guess
+        from the default unit, or from another family's."""
+        family = compile_family(cand.spec)
+        return family in self.units or PLAIN_FAMILY in self.units or family in self.stopped_s
+
     def __call__(self, cand: Any) -> float:
         family = compile_family(cand.spec)
         seen = self.units.get(family) or self.units.get(PLAIN_FAMILY)

@@ -402,6 +402,10 @@ def tune(
         room = search_room(search_left())
         return cand.priority < EXACT_AFTER and estimate(cand) >= DEAR_SHARE * room
 
+    def held(cand: Candidate) -> bool:
+        # A dear candidate waits for a price while a compile in flight brings one (queue.py).
+        return bool(running) and not estimate.priced(cand) and not cand.primary and dear(cand)
+
     def skip(cand: Candidate, why: str) -> None:
         stages["search"]["skipped"][cand.spec] = why
         events.skipped(cand.spec, why)
@@ -454,7 +458,9 @@ def tune(
         # Before the diagnosis, deferred primaries wait with it for the rest of the plan.
         busy = bool(running) or not diagnosed_now
         order_by_cost = given is None and len(slots) > 1
-        taken = queue.take(fits, busy, skip, defer, dear if order_by_cost else None)
+        taken = queue.take(
+            fits, busy, skip, defer, *((dear, held) if order_by_cost else (None, None))
+        )
         if taken is None:
             return None
         i, cand = taken

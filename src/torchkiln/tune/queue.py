@@ -18,6 +18,13 @@ from typing import Any
 # A third: before any compile is measured an autotuned candidate is priced at about 170 s (8x
 # the estimator's 20-s default unit, plus overhead) against about 400 s of room in such a tune.
 DEAR_SHARE = 1 / 3
+# A dear candidate waits for a price: while no compile of the tune has ended, its estimate is a
+# guess from a 20-s default unit, and a compile in flight will price it. In the 8-minute
+# resnet50 training tune (H100, kiln 4f3205c) the two max-autotune candidates, priced at about
+# 190 s that way, started 11 s in beside the primaries and were both stopped at 398 s, still
+# autotuning; the primaries' compiles took 64-68 s beside them (a price of about 8 x 60 s), and
+# eager+bf16, left last, was stopped waiting for a timed turn. Alone, such a compile was still
+# autotuning after 406 s (tune_speed/h100/alone-base-resnet50-results.json).
 
 
 class SearchQueue:
@@ -49,18 +56,23 @@ class SearchQueue:
         skip: Callable[[Any, str], None],
         defer: Callable[[Any, str], None],
         dear: Callable[[Any], bool] | None = None,
+        held: Callable[[Any], bool] | None = None,
     ) -> tuple[int, Any] | None:
         """The next candidate to start, or None: nothing left, or (`running`) nothing to start
         until a running trial ends. `fits(cand, second_turn)` gives None where the candidate
         fits, else why not; `defer` and `skip` are told of each candidate deferred or
-        skipped; `dear(cand)`, where given, marks a candidate to start before the rest."""
+        skipped; `dear(cand)`, where given, marks a candidate to start before the rest;
+        `held(cand)`, where given, one not to start yet (it keeps its place)."""
         while True:
             if not self.pending:
                 if running or not self.deferred:
                     return None
                 self.pending.extend(self.deferred)
                 self.deferred.clear()
-            i, cand = self.pending.pop(self._next(dear))
+            k = self._next(dear, held)
+            if k is None:
+                return None
+            i, cand = self.pending.pop(k)
             second = cand.spec in self.deferred_why
             why = fits(cand, second)
             if why is None:
@@ -72,9 +84,14 @@ class SearchQueue:
                 self.deferred.append((i, cand))
                 defer(cand, why)
 
-    def _next(self, dear: Callable[[Any], bool] | None) -> int:
-        """Where in `pending` the next candidate is: the first, unless no primary waits and a
-        later one is dear."""
+    def _next(
+        self, dear: Callable[[Any], bool] | None, held: Callable[[Any], bool] | None = None
+    ) -> int | None:
+        """Where in `pending` the next candidate is: the first not held, unless no primary waits
+        and a later one is dear; None when every one is held."""
+        free = [k for k, (_, c) in enumerate(self.pending) if held is None or not held(c)]
+        if not free:
+            return None
         if dear is None or any(getattr(c, "primary", False) for _, c in self.pending):
-            return 0
-        return next((k for k, (_, c) in enumerate(self.pending) if dear(c)), 0)
+            return free[0]
+        return next((k for k in free if dear(self.pending[k][1])), free[0])
