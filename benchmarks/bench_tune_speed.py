@@ -28,8 +28,10 @@ and prints the table. The parts, and the goal each is judged against:
   trials the first finished (the run directory's `reusable`: same spec, settings, versions and
   host; a trial's id holds its place in the plan, so a candidate the second run plans at another
   place, after a different profile verdict, is measured again) and has a fresh 15-minute budget
-  of its own, so it is a 15-minute tune's plan, not one 15-minute process. (b) the same pick as
-  `tune8:W`. Each call's wall and reused trials are recorded.
+  of its own, so it is a 15-minute tune's plan, not one 15-minute process. Where a process may
+  outlive the command, one call with --part-timeout 1100 in a session of its own (`setsid`,
+  output to a file) runs the whole tune as one process. (b) the same pick as `tune8:W`. Each
+  call's wall and reused trials are recorded.
 - `autotuned:resnet50` `kiln tune resnet50 --budget 8m --variants` the max-autotune candidates
   of resnet50 training's default plan alone (AUTOTUNED). Where `tune8:resnet50` leaves some
   unmeasured, this says whether they fit the budget even with nothing else planned: if they do
