@@ -633,22 +633,19 @@ def judge(parts: dict[str, dict[str, Any]]) -> dict[str, Any]:
             # false: the max-autotune candidates alone do not fit the budget, so (a) cannot
             # hold for this plan on this host
             g["a_bound_autotuned_alone_fit"] = alone["plan"]["every_candidate_ran"]
-        leader_alone = parts.get(f"alone:{w}")
-        if t8 and t8.get("plan") and leader_alone:
-            bound = refinement_bound(t8, leader_alone)
+        # true in a verdict: that candidate could not end inside that run's search in any order
+        # (the leader's autotuned refinement once its leader was known; a base-plan one beside
+        # the timed reps the tune took)
+        bounds = (
+            ("alone", refinement_bound, "leader_refinement", "refinements_cannot_fit"),
+            ("alone-base", base_bound, "base_autotuned", "base_cannot_fit"),
+        )
+        for name, bound_of, detail, verdict in bounds:
+            given = parts.get(f"{name}:{w}")
+            bound = bound_of(t8, given) if t8 and t8.get("plan") and given else {}
             if bound:
-                # true: the leader's autotuned refinement could not end inside that run's search
-                # in any order, once its leader was known
-                g["a_bound_leader_refinement"] = bound
-                g["a_bound_refinements_cannot_fit"] = all(b["cannot_fit"] for b in bound.values())
-        base_alone = parts.get(f"alone-base:{w}")
-        if t8 and t8.get("plan") and base_alone:
-            bound = base_bound(t8, base_alone)
-            if bound:
-                # true: that candidate and the timed reps the tune took do not fit its search
-                # together, in any order
-                g["a_bound_base_autotuned"] = bound
-                g["a_bound_base_cannot_fit"] = all(b["cannot_fit"] for b in bound.values())
+                g[f"a_bound_{detail}"] = bound
+                g[f"a_bound_{verdict}"] = all(b["cannot_fit"] for b in bound.values())
         goals[w] = g
     loop, arms = parts.get("loop"), parts.get("arms:gpt2")
     if loop and arms and loop.get("complete") and arms.get("wall_s"):
