@@ -44,6 +44,36 @@ def test_phase_sums_equal_the_per_trial_sums():
     assert spent["wall_s"] == 200.0
 
 
+def test_a_stopped_trials_seen_phases_are_counted_apart_not_as_outside_its_phases():
+    # A compile stopped at the search's end leaves no phase record of its own; its launcher's
+    # polled account stands in, each phase but the waits marked unfinished.
+    stopped = {
+        "id": "04-autotuned",
+        "status": "timeout",
+        "phase": "first_call",
+        "process_wall_s": 350.0,
+        "phase_s_seen": {"start": 0.5, "setup": 2.0, "first_call": 268.0, "host_wait": 79.0},
+    }
+    doc = synthetic_doc()
+    before = time_spent(doc, {"search": 150.0})
+    doc["trials"].append(stopped)
+    after = time_spent(doc, {"search": 150.0})
+    assert after["phases_s"]["first_call, unfinished"] == pytest.approx(268.0)
+    assert after["phases_s"]["setup, unfinished"] == pytest.approx(2.0)
+    assert after["phases_s"]["first_call"] == before["phases_s"]["first_call"]  # measured ones
+    assert after["phases_s"]["host_wait"] == pytest.approx(79.0)
+    assert after["trial_process_s"] == pytest.approx(before["trial_process_s"] + 350.0)
+    # Its 350 s are inside its phases, bar the 0.5 s its account does not cover.
+    assert after["outside_phases_s"] == pytest.approx(before["outside_phases_s"] + 0.5)
+    what = [r["what"] for r in section.rows(after)]
+    assert f"phase: first_call, unfinished ({after['trials']} trials)" in what
+    # A trial with its own record is counted from it, whatever else it carries.
+    doc["trials"][-1] = {**stopped, "phase_s": {"first_call": 300.0}}
+    own = time_spent(doc, {"search": 150.0})
+    assert "first_call, unfinished" not in own["phases_s"]
+    assert own["phases_s"]["first_call"] == pytest.approx(before["phases_s"]["first_call"] + 300)
+
+
 def test_stage_seconds_sum_repeated_marks_and_run_to_the_end():
     marks = [("environment", 1.0), ("search", 3.0), ("search", 7.0), ("select", 10.0)]
     got = stage_seconds(marks, start=0.0, end=12.0)

@@ -64,6 +64,28 @@ def test_working_past_its_own_limit_stops_the_trial(fake_worker):
     assert took < 4.5  # stopped, not waited for
 
 
+def test_a_stopped_trial_keeps_the_phases_its_launcher_saw(fake_worker):
+    # 1 s waiting for the host, then working past a 2.5 s limit of its own.
+    out, took = fake_worker(1.0, 5.0, timeout_s=2.5)
+    assert out.stopped_by == "own" and out.result is None
+    seen = out.phase_seen_s
+    assert {"host_wait", "measure"} <= set(seen) <= {"start", "host_wait", "measure"}
+    assert seen["host_wait"] == pytest.approx(out.host_wait_s)  # one account of the waits
+    assert seen["measure"] > 0 and sum(seen.values()) <= took
+
+
+def test_the_result_of_a_stopped_trial_carries_that_account(fake_worker, tmp_path, monkeypatch):
+    monkeypatch.setenv("KILN_WARM_START", "0")
+    spec = TrialSpec(workload="simple", variant="eager", device="cpu")
+    monkeypatch.setenv("WAIT_S", "0")
+    monkeypatch.setenv("WORK_S", "5")
+    monkeypatch.setenv("EXIT_S", "0")
+    r = launch.run_trial(spec, tmp_path / "run", timeout_s=1.5)
+    assert r["status"] == "timeout" and r["phase"] == "measure"
+    assert "measure" in r["phase_s_seen"] and "phase_s" not in r
+    assert sum(r["phase_s_seen"].values()) <= r["process_wall_s"]
+
+
 def test_the_wall_limit_counts_the_waits(fake_worker):
     out, _ = fake_worker(3.0, 0.5, timeout_s=2.0, wall_s=1.5)
     assert out.stopped_by == "wall" and out.result is None

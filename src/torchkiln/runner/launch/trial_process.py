@@ -9,7 +9,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,9 @@ class Spawned:
     start: warm.Start = warm.Start("cold")
     lost: str | None = None  # why a warm trial's exit code is not its own (its server died)
     for_waiters: bool = False  # stopped early, its compile holding compiled trials' reps back
+    # Seconds per phase as polled from here (its waits for the host as `host_wait`): a stopped
+    # or crashed worker's own phase record dies with it.
+    phase_seen_s: dict[str, float] = field(default_factory=dict)
 
 
 def _spawn(
@@ -118,11 +121,12 @@ def _spawn(
         with spawn.ended_on_error(proc):
             lock = env.get(HOST_LOCK_ENV)
             waiters = None if lock is None else (lambda: blocked_waiters(lock))
+            seen: dict[str, float] = {}
             *state, for_waiters = _watch(
-                proc, timeout_s, wall_s, phase_path, result_path, on_phase, waiters
+                proc, timeout_s, wall_s, phase_path, result_path, on_phase, waiters, seen
             )
     done = _after_exit(proc, *state, phase_path, result_path)
-    done.start, done.lost = how, getattr(proc, "lost", None)
+    done.start, done.lost, done.phase_seen_s = how, getattr(proc, "lost", None), seen
     done.for_waiters = for_waiters and done.stopped_by == "wall"
     return done
 
@@ -135,11 +139,13 @@ def _watch(
     result_path: Path,
     on_phase: Callable[[str], None] | None,
     waiters: Callable[[], bool] | None = None,
+    seen: dict[str, float] | None = None,
 ) -> tuple[str, float, str | None, bool]:
     """Polls the worker until it exits, has written its result, or a limit passes: its last
     phase, the seconds it waited for the host, which limit stopped it (None: none), and
     whether the wall limit came BLOCKER_MARGIN_S early because it compiled while ``waiters()``
-    said trials waited for their timed turn."""
+    said trials waited for their timed turn. ``seen`` gets the seconds polled in each phase."""
+    seen = {} if seen is None else seen
     start = last_poll = time.monotonic()
     hard = None if wall_s is None else start + wall_s
     last_phase, waited, stopped_by, for_waiters = "", 0.0, None, False
@@ -154,6 +160,10 @@ def _watch(
         now = time.monotonic()
         if last_phase.endswith(WAITING_SUFFIX):
             waited += now - last_poll
+            key = "host_wait"
+        else:
+            key = last_phase or "start"
+        seen[key] = seen.get(key, 0.0) + (now - last_poll)
         last_poll = now
         if phase_path.exists():
             phase = phase_path.read_text().strip()
@@ -285,6 +295,9 @@ def run_trial(
     if rounds:
         result["autotune"] = rounds
     result["phase"] = result.get("phase") or phase
+    if not result.get("phase_s") and run.phase_seen_s:
+        # Where a trial that left no phase record spent its time, for the tune's account.
+        result["phase_s_seen"] = {k: round(v, 3) for k, v in run.phase_seen_s.items()}
     result["start"] = run.start.how
     if run.start.reason:
         result["start_reason"] = run.start.reason
