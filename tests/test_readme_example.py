@@ -1,6 +1,7 @@
 """README's example output has the format the current code prints: its lines are what
-`recommend.summary_lines` makes of the pick they show, and its code is what `recommend.code`
-emits for that pick today. `benchmarks/readme_example.py` regenerates the block from a run."""
+`recommend.summary_lines` makes of the pick they show, its last line what
+`time_spent.console_line` prints, and its code is what `recommend.code` emits for that pick
+today. `benchmarks/readme_example.py` regenerates the block from a run."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import re
 from pathlib import Path
 
 from torchkiln.tune.recommend import code, summary_lines
+from torchkiln.tune.time_spent import console_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,9 +24,27 @@ def _script():
     return module
 
 
+def _time_spent(line: str) -> dict:
+    """The ``time_spent`` a console line was printed from (the shown stages and phases)."""
+    found = re.fullmatch(r"time spent: (\d+)s \((.*?)(?:; beside the search: (.*))?\)"
+                         r"(?:; over (\d+) trials: (.*))?", line)  # fmt: skip
+    assert found, line
+
+    def pairs(text: str | None) -> dict:
+        return {k: float(v) for k, v in re.findall(r"(.+?) (\d+)s(?:, |$)", text or "")}
+
+    spent = {"wall_s": float(found[1]), "stages_s": pairs(found[2]), "phases_s": pairs(found[5])}
+    spent["trials"] = int(found[4] or 0)
+    if found[3]:
+        spent["beside_s"] = pairs(found[3])
+    return spent
+
+
 def _parse(output: str) -> dict:
-    """The pieces of a printed summary: pick, reason, why lines, code, out dir, wall, budget."""
+    """The pieces of a printed summary: pick, reason, why lines, code, out dir, wall, budget,
+    and the closing line on where the time went."""
     lines = output.splitlines()
+    spent = _time_spent(lines.pop()) if lines[-1].startswith("time spent: ") else None
     pick = re.fullmatch(r"pick: (\S+)  \((.*)\)", lines[0])
     assert pick, lines[0]
     why = []
@@ -48,6 +68,7 @@ def _parse(output: str) -> dict:
         "out": report[1],
         "wall_s": float(report[2]),
         "budget_s": float(report[3]),
+        "time_spent": spent,
     }
 
 
@@ -62,7 +83,11 @@ def test_the_readme_example_has_the_current_pick_format():
         "wall_s": got["wall_s"],
         "budget_s": got["budget_s"],
     }
-    assert "\n".join(summary_lines(doc, got["out"])) == output
+    printed = summary_lines(doc, got["out"])
+    # The closing line is the tune's time_spent as console_line prints it.
+    assert got["time_spent"] is not None, "the example ends with where the time went"
+    printed.append(console_line(got["time_spent"]))
+    assert "\n".join(printed) == output
     # Its code is what the recommendation emits for that pick now (the README's command runs
     # the default workload's inference step on the CPU).
     assert got["code"] == code(got["best"], "infer", "cpu")
