@@ -158,13 +158,9 @@ def _watch(
         if stopping():
             raise TrialsStopped("the run was interrupted")
         now = time.monotonic()
-        if last_phase.endswith(WAITING_SUFFIX):
-            waited += now - last_poll
-            key = "host_wait"
-        else:
-            key = last_phase or "start"
+        key = "host_wait" if last_phase.endswith(WAITING_SUFFIX) else (last_phase or "start")
         seen[key] = seen.get(key, 0.0) + (now - last_poll)
-        last_poll = now
+        waited, last_poll = seen.get("host_wait", 0.0), now
         if phase_path.exists():
             phase = phase_path.read_text().strip()
             if phase and phase != last_phase:
