@@ -325,6 +325,31 @@ def overheads(doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def reps_host(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per measured trial: its step's median and spread beside what else kept the host busy
+    during its timed reps (`host_load.during`): whether a slow or scattered host-bound reading
+    came with other work on the host."""
+    rows = []
+    for t in [*doc["trials"], *doc.get("head_to_head_trials", [])]:
+        steady = t.get("steady_ms")
+        if t.get("reused") or not isinstance(steady, dict):
+            continue
+        during = (t.get("host_load") or {}).get("during") or {}
+        rows.append(
+            {
+                "id": t["id"],
+                "steady_ms": steady.get("median"),
+                "cv": steady.get("cv"),
+                "other_cpus": during.get("other_cpus"),
+                "steal_cpus": during.get("steal_cpus"),
+                "own_cpus": during.get("own_cpus"),
+                "busiest_other": (during.get("top_others") or [None])[0],
+                "busiest_own_threads": during.get("own_threads_top"),
+            }
+        )
+    return rows
+
+
 def timeline(doc: dict[str, Any]) -> dict[str, Any]:
     """When each search trial ran and when the search's share ended, in seconds from the
     baseline trial's start (the baseline stage's start, to within its process start); a trial
@@ -422,6 +447,7 @@ def tune_summary(doc: dict[str, Any]) -> dict[str, Any]:
         "plan": plan_account(doc),
         "aa": aa_check(doc),
         "overhead": overheads(doc),
+        "reps_host": reps_host(doc),
         "reused_trials": sum(bool(t.get("reused")) for t in doc["trials"]),
         "environment": doc.get("environment"),
     }

@@ -347,6 +347,32 @@ def test_tune_speed_judges_the_plan_the_overhead_the_aa_check_and_the_loop():
     assert all("max-autotune" in v for v in ts.AUTOTUNED["resnet50"])
 
 
+def test_tune_speed_sets_each_trials_reading_beside_what_else_ran_during_its_reps():
+    ts = _load("bench_tune_speed")
+    busy = {"pid": 7, "name": "cc1plus", "cpu_s": 3.0, "ours": False}
+    doc = {
+        "trials": [
+            {"id": "00-eager", "steady_ms": {"median": 29.0, "cv": 0.004},
+             "host_load": {"during": {"other_cpus": 0.1, "own_cpus": 1.0, "top_others": [],
+                                      "own_threads_top": []}}},
+            {"id": "01-eager_bf16", "steady_ms": {"median": 14.3, "cv": 0.12},
+             "host_load": {"during": {"other_cpus": 2.5, "own_cpus": 1.0, "top_others": [busy],
+                                      "own_threads_top": [{"tid": 1, "cpu_s": 4.0}]}}},
+            {"id": "02-old", "steady_ms": {"median": 3.0, "cv": 0.01}, "host_load": {}},
+            {"id": "03-failed", "status": "timeout"},
+            {"id": "04-reused", "reused": True, "steady_ms": {"median": 1.0, "cv": 0.0}},
+        ],
+        "head_to_head_trials": [],
+    }  # fmt: skip
+    rows = {r["id"]: r for r in ts.reps_host(doc)}
+    assert set(rows) == {"00-eager", "01-eager_bf16", "02-old"}
+    assert rows["01-eager_bf16"]["other_cpus"] == 2.5
+    assert rows["01-eager_bf16"]["busiest_other"] == busy
+    assert rows["00-eager"]["busiest_other"] is None and rows["00-eager"]["cv"] == 0.004
+    # A result from before the /proc reading: its numbers, nothing invented beside them.
+    assert rows["02-old"]["other_cpus"] is None and rows["02-old"]["steady_ms"] == 3.0
+
+
 def test_tune_speed_pauses_part_accounts_each_trials_pauses_waits_and_reps():
     ts = _load("bench_tune_speed")
     assert "max-autotune" in ts.PAUSES[0] and "pauses" in ts.PARTS

@@ -67,6 +67,9 @@ def test_bench_simple_tiny_cpu_end_to_end(tmp_path):
     load = ind["host_load"]
     assert load["own_threads"] == ind["settings"]["threads"]
     assert load["after"]["cpus"] >= 1 and len(load["after"]["loadavg"]) == 3
+    # What ran on the CPUs during the reps, read from /proc (Linux); the tables stay out.
+    assert load["during"]["wall_s"] > 0 and load["during"]["other_cpus"] >= 0
+    assert "cpu" not in load["before"] and "cpu" not in load["after"]
     assert ind["environment"]["torch"].startswith("2.")
     assert len(ind["steady_ms"]["samples"]) == 5
     assert "inductor" in proc.stdout and "speedup" in proc.stdout

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
+import sys
+import threading
 import time
 
 import numpy as np
@@ -240,6 +243,114 @@ def test_a_host_load_snapshot_reads_this_machine():
     assert snap is not None  # Linux has load averages
     assert len(snap["loadavg"]) == 3 and all(x >= 0 for x in snap["loadavg"])
     assert snap["cpus"] == host_load.usable_cpus() >= 1
+
+
+def _cpu_reading(at, host_busy_s, procs, threads, load=0.5, steal_s=0.0):
+    hz = host_load._ticks_per_s()
+    return {
+        "loadavg": [load, load, load],
+        "cpus": 16,
+        "cpu": {
+            "at": at,
+            "host": (int(host_busy_s * hz), int(at * 16 * hz), int(steal_s * hz)),
+            "pid": 100,
+            "procs": {p: [pp, name, int(s * hz)] for p, (pp, name, s) in procs.items()},
+            "threads": {t: [name, int(s * hz)] for t, (name, s) in threads.items()},
+        },
+    }
+
+
+def test_the_cpu_time_of_other_processes_during_the_reps_is_measured_and_named():
+    # 4 s of reps: this trial (pid 100) used 4 CPU-seconds, its compile worker (pid 200) 2,
+    # an unrelated compiler (pid 300) 6, a process born in the window (pid 400) 1; pid 500
+    # ended before the second reading and is not named.
+    before = _cpu_reading(
+        10.0,
+        50.0,
+        {
+            100: (1, "python3", 1.0),
+            200: (100, "python3", 0.5),
+            300: (1, "cc1plus", 3.0),
+            500: (1, "gone", 9.0),
+        },
+        {100: ("python3", 1.0), 101: ("sampler", 0.0)},
+        load=12.0,
+    )
+    after = _cpu_reading(
+        14.0,
+        63.0,
+        {
+            100: (1, "python3", 5.0),
+            200: (100, "python3", 2.5),
+            300: (1, "cc1plus", 9.0),
+            400: (200, "python3", 1.0),
+        },
+        {100: ("python3", 3.5), 101: ("sampler", 1.5)},
+        load=12.0,
+    )
+    during = host_load.usage(before, after)
+    assert during["wall_s"] == 4.0
+    assert during["host_cpus"] == 13.0 / 4 and during["own_cpus"] == 1.0
+    assert during["other_cpus"] == (13.0 - 4.0) / 4
+    assert [(o["pid"], o["cpu_s"], o["ours"]) for o in during["top_others"]] == [
+        (300, 6.0, False),
+        (200, 2.0, True),
+        (400, 1.0, True),  # a grandchild, new in the window: all its time counts
+    ]
+    assert [(t["name"], t["cpu_s"], t["main"]) for t in during["own_threads_top"]] == [
+        ("python3", 2.5, True),
+        ("sampler", 1.5, False),
+    ]
+    note = host_load.busy_note(before, after, own_threads=1)
+    assert "over 4.0 s, other processes kept 2.2 of 16 usable CPUs busy" in note
+    assert during["steal_cpus"] == 0.0 and "steal" not in note
+    assert "cc1plus (pid 300) 6.0 s" in note and "(pid 200, this trial's child) 2.0 s" in note
+    # Measured quiet beats the lagging load average: 0.5 other CPUs is no busy host, though
+    # the 1-minute average still reads 12 after a neighbour's compile.
+    quiet = _cpu_reading(14.0, 56.0, {100: (1, "python3", 5.0)}, {100: ("python3", 5.0)}, 12.0)
+    assert host_load.usage(before, quiet)["other_cpus"] == 0.5
+    assert host_load.busy_note(before, quiet, own_threads=1) is None
+    # A virtual machine's CPUs taken by its hypervisor for other guests: noted on its own.
+    stolen = _cpu_reading(14.0, 56.0, {100: (1, "python3", 5.0)}, {}, 12.0, steal_s=2.0)
+    assert host_load.usage(before, stolen)["steal_cpus"] == 0.5
+    assert "the hypervisor gave 0.50 CPUs to other guests (steal)" in host_load.busy_note(
+        before, stolen, own_threads=1
+    )
+    assert host_load.public(after) == {"loadavg": [12.0, 12.0, 12.0], "cpus": 16}
+
+
+def test_a_spinning_process_and_thread_beside_the_reps_are_seen_on_this_machine():
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            pass
+
+    thread = threading.Thread(target=spin, name="kiln-test-spin")
+    try:
+        time.sleep(0.3)  # past the interpreter's start
+        before = host_load.snapshot()
+        thread.start()
+        time.sleep(1.5)
+        record, _ = host_load.reading(before, own_threads=1)
+    finally:
+        stop.set()
+        spinner.kill()
+        spinner.wait()
+        if thread.is_alive():
+            thread.join()
+    during = record["during"]
+    assert record["before"] is not None and "cpu" not in record["before"]
+    assert 1.4 <= during["wall_s"] < 10
+    mine = [o for o in during["top_others"] if o["pid"] == spinner.pid]
+    # Two cores shared with the test run: the spinner still gets a share of one.
+    assert mine and mine[0]["cpu_s"] >= 0.2 and mine[0]["ours"] is True
+    assert "-c while True: pass" in mine[0]["cmdline"]
+    assert during["other_cpus"] >= 0.1
+    # Python names its threads for itself, not always for the OS: the spinning one is the
+    # busiest besides the main thread, which slept.
+    assert any(not t["main"] and t["cpu_s"] >= 0.2 for t in during["own_threads_top"])
 
 
 def test_round_robin_rotates_the_order_every_rep_and_pairs_samples_by_rep():

@@ -256,9 +256,9 @@ def run(req: dict[str, Any], out: Path, lock: HostLock | None = None) -> dict[st
         # As bench and tune do: a busy host slows host-bound steps, profiled or not (a step read
         # 4.5x slower without the profiler than with it while the host was compiling).
         own = torch.get_num_threads() if device == "cpu" else 1
-        before, after = state.pop("load_before", None), host_load.snapshot()
-        result["host_load"] = {"before": before, "after": after, "own_threads": own}
-        state["host_note"] = host_load.busy_note(before, after, own)
+        result["host_load"], state["host_note"] = host_load.reading(
+            state.pop("load_before", None), own
+        )
 
     def analyse() -> None:
         metrics = analyze(load_trace_events(str(trace_path)))
