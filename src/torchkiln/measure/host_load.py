@@ -232,7 +232,10 @@ def _named(during: dict[str, Any]) -> str:
 
 
 def busy_note(
-    before: dict[str, Any] | None, after: dict[str, Any] | None, own_threads: int
+    before: dict[str, Any] | None,
+    after: dict[str, Any] | None,
+    own_threads: int,
+    during: dict[str, Any] | None = None,
 ) -> str | None:
     """A note when the host was busy with other work during the timed reps.
 
@@ -240,8 +243,8 @@ def busy_note(
     or the hypervisor took STEAL_CPUS or more for other guests.
     Else from the load averages: when threads other than this trial's ``own_threads`` kept more
     than BUSY_SHARE of the usable CPUs busy; the 1-minute average lags, so the larger of the two
-    readings counts."""
-    during = usage(before, after)
+    readings counts. ``during``: ``usage(before, after)`` where the caller has it already."""
+    during = during or usage(before, after)
     if during is not None:
         busy, stolen = during["other_cpus"] >= BUSY_OTHER_CPUS, during["steal_cpus"] >= STEAL_CPUS
         if not busy and not stolen:
@@ -283,13 +286,14 @@ def reading(before: dict[str, Any] | None, own_threads: int) -> tuple[dict[str, 
     note: ``before`` and ``after`` (load averages), ``own_threads`` and, on Linux, ``during``
     (``usage``)."""
     after = snapshot()
+    during = usage(before, after)
     record_ = {
         "before": public(before),
         "after": public(after),
         "own_threads": own_threads,
-        "during": usage(before, after),
+        "during": during,
     }
-    return record_, busy_note(before, after, own_threads)
+    return record_, busy_note(before, after, own_threads, during)
 
 
 def record(result: dict[str, Any], before: dict[str, Any] | None, device: str) -> None:
