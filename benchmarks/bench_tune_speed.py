@@ -345,6 +345,8 @@ def reps_host(doc: dict[str, Any]) -> list[dict[str, Any]]:
                 "own_cpus": during.get("own_cpus"),
                 "busiest_other": (during.get("top_others") or [None])[0],
                 "busiest_own_threads": during.get("own_threads_top"),
+                "timing_thread": during.get("timing_thread"),
+                "cgroup": during.get("cgroup"),
             }
         )
     return rows

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+import threading
 import time
 
 import torch
@@ -149,6 +150,18 @@ def time_rep_cpu(fn, steps: int) -> float:
     return (time.perf_counter() - start) * 1e3 / steps
 
 
+def sched_ns() -> tuple[int, int] | None:
+    """(ns on a CPU, ns runnable but waiting for one) of this thread, from the scheduler's
+    schedstat; None off Linux. Beside the reps it says whether the loop's thread had a CPU to
+    itself, as kiln's trials record for theirs."""
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
+            run_ns, wait_ns = f.read().split()[:2]
+        return int(run_ns), int(wait_ns)
+    except (OSError, ValueError):
+        return None
+
+
 def main(
     workload: str, step: str, precision: str, mode: str, device: str = "cuda", preset: str = "full"
 ) -> dict:
@@ -162,7 +175,16 @@ def main(
     for _ in range(9):
         one()
     sync()
+    sched, wall = sched_ns(), time.perf_counter()
     reps = [(time_rep if cuda else time_rep_cpu)(one, 50) for _ in range(5)]
+    wall, after = time.perf_counter() - wall, sched_ns()
+    thread = None
+    if sched and after:
+        thread = {
+            "wall_s": wall,
+            "cpu_s": (after[0] - sched[0]) / 1e9,
+            "runqueue_wait_s": (after[1] - sched[1]) / 1e9,
+        }
     return {
         "workload": workload,
         "step": step,
@@ -173,6 +195,7 @@ def main(
         "first_call_s": first_call_s,
         "median_ms": statistics.median(reps),
         "reps_ms": reps,
+        "timing_thread": thread,
     }
 
 

@@ -69,6 +69,9 @@ def test_bench_simple_tiny_cpu_end_to_end(tmp_path):
     assert load["after"]["cpus"] >= 1 and len(load["after"]["loadavg"]) == 3
     # What ran on the CPUs during the reps, read from /proc (Linux); the tables stay out.
     assert load["during"]["wall_s"] > 0 and load["during"]["other_cpus"] >= 0
+    # The thread that timed the reps, by the scheduler's counters: it ran for most of them.
+    timing = load["during"]["timing_thread"]
+    assert timing is not None and timing["cpu_s"] > 0 and timing["runqueue_wait_s"] >= 0
     assert "cpu" not in load["before"] and "cpu" not in load["after"]
     assert ind["environment"]["torch"].startswith("2.")
     assert len(ind["steady_ms"]["samples"]) == 5

@@ -353,6 +353,83 @@ def test_a_spinning_process_and_thread_beside_the_reps_are_seen_on_this_machine(
     assert any(not t["main"] and t["cpu_s"] >= 0.2 for t in during["own_threads_top"])
 
 
+def _timing(tid, run_s, wait_s, involuntary, cpu, migrations=None):
+    return {
+        "tid": tid,
+        "run_ns": int(run_s * 1e9),
+        "wait_ns": int(wait_s * 1e9),
+        "slices": int(involuntary * 2),
+        "involuntary": involuntary,
+        "cpu": cpu,
+        "migrations": migrations,
+    }
+
+
+def test_the_timing_threads_waits_for_a_cpu_and_a_cpu_quota_are_measured_and_noted():
+    procs = {100: (1, "python3", 1.0)}
+    before = _cpu_reading(10.0, 20.0, procs, {100: ("python3", 1.0)})
+    after = _cpu_reading(14.0, 24.0, {100: (1, "python3", 4.6)}, {100: ("python3", 4.6)})
+    before["cpu"]["timing"] = _timing(100, 1.0, 0.5, 10, 3, migrations=2)
+    after["cpu"]["timing"] = _timing(100, 4.6, 0.9, 210, 7, migrations=42)
+    before["cpu"]["cgroup"] = {"throttled_periods": 5, "throttled_s": 1.0, "quota_cpus": 8.0}
+    after["cpu"]["cgroup"] = {"throttled_periods": 9, "throttled_s": 1.3, "quota_cpus": 8.0}
+    during = host_load.usage(before, after)
+    assert during["timing_thread"] == {
+        "tid": 100,
+        "cpu_s": 3.6,
+        "runqueue_wait_s": 0.4,
+        "runqueue_share": 0.1,
+        "timeslices": 400,
+        "involuntary_switches": 200,
+        "migrations": 40,
+        "cpus": [3, 7],
+    }
+    assert during["cgroup"] == {"quota_cpus": 8.0, "throttled_periods": 4, "throttled_s": 0.3}
+    note = host_load.busy_note(before, after, own_threads=1, during=during)
+    assert "the timing thread waited 0.40 s for a CPU while runnable (10% of the reps)" in note
+    assert "the cgroup's CPU quota of 8 CPUs stopped its threads for 0.30 s (4 periods)" in note
+    assert "other processes" not in note  # nothing else ran: only what was measured is said
+    # Below both lines (4% waiting, 0.02 s throttled of 4 s): no note.
+    after["cpu"]["timing"] = _timing(100, 4.6, 0.66, 210, 7)
+    after["cpu"]["cgroup"] = {"throttled_periods": 6, "throttled_s": 1.02, "quota_cpus": 8.0}
+    assert host_load.busy_note(before, after, own_threads=1) is None
+    # Readings of two different threads are not compared; a kernel without either file
+    # leaves the field null.
+    after["cpu"]["timing"] = _timing(101, 4.6, 9.0, 210, 7)
+    after["cpu"]["cgroup"] = None
+    during = host_load.usage(before, after)
+    assert during["timing_thread"] is None and during["cgroup"] is None
+
+
+def test_a_timing_thread_sharing_its_cpu_with_a_spinning_process_is_seen_waiting():
+    if host_load._thread_sched(threading.get_native_id()) is None:
+        pytest.skip("this kernel has no per-thread schedstat")
+    cpu = min(os.sched_getaffinity(0))
+    mask = os.sched_getaffinity(0)
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        os.sched_setaffinity(spinner.pid, {cpu})
+        os.sched_setaffinity(0, {cpu})  # this thread only: the two take turns on one CPU
+        time.sleep(0.3)  # past the spinner's start
+        before = host_load.snapshot()
+        end = time.perf_counter() + 1.5
+        while time.perf_counter() < end:
+            pass
+        record, note = host_load.reading(before, own_threads=1)
+    finally:
+        os.sched_setaffinity(0, mask)
+        spinner.kill()
+        spinner.wait()
+    timing = record["during"]["timing_thread"]
+    assert timing["tid"] == threading.get_native_id() and timing["cpus"] == [cpu, cpu]
+    # The scheduler shares one CPU about evenly between two spinning threads: about half of
+    # the wall time waiting; a third is a wide margin for a noisy machine.
+    assert timing["runqueue_share"] >= 0.33, timing
+    assert timing["cpu_s"] + timing["runqueue_wait_s"] >= 0.8 * record["during"]["wall_s"]
+    assert timing["involuntary_switches"] is None or timing["involuntary_switches"] >= 1
+    assert note is not None and "the timing thread waited" in note
+
+
 def test_round_robin_rotates_the_order_every_rep_and_pairs_samples_by_rep():
     calls = []
 

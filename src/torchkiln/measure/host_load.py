@@ -19,6 +19,7 @@ load average could not say whether anything ran.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any
 
@@ -32,6 +33,12 @@ BUSY_OTHER_CPUS = 1.0
 # CPU time a virtual machine's hypervisor gave other guests while this one's CPUs wanted to run,
 # on average over the reps: a quarter of a CPU taken from under a one-thread launcher is noted.
 STEAL_CPUS = 0.25
+# The timing thread runnable but waiting for a CPU (the scheduler's run queue), as a share of the
+# reps' wall time: a launch-bound step slows by about that share, so 5% is noted.
+RUNQUEUE_SHARE = 0.05
+# A CPU quota stops every thread of its cgroup for the rest of a period (100 ms by default) once
+# spent: 1% of the reps so stopped is noted.
+THROTTLED_SHARE = 0.01
 # How many of the busiest other processes, and of this process's threads, are named.
 TOP = 5
 # Reading a process's stat costs about 20 us in Python (84 processes in 1.8 ms on a 2-core CPU
@@ -122,6 +129,95 @@ def _threads() -> dict[int, list[Any]]:
     return out
 
 
+def _status_counts(path: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
+                    counts[key] = int(value)
+    except (OSError, ValueError):
+        pass  # a kernel without these lines: the reading goes without them
+    return counts
+
+
+def _thread_sched(tid: int) -> dict[str, Any] | None:
+    """The scheduler's account of one thread of this process: nanoseconds on a CPU and runnable
+    but waiting for one (schedstat), context switches it did not ask for, the CPU it last ran
+    on, and its migrations between CPUs where the kernel exposes them (sched, a debug file).
+    None where schedstat is missing."""
+    base = f"/proc/self/task/{tid}"
+    try:
+        with open(f"{base}/schedstat") as f:
+            run_ns, wait_ns, slices = (int(v) for v in f.read().split()[:3])
+    except (OSError, ValueError):
+        return None
+    got = _stat_fields(f"{base}/stat")
+    counts = _status_counts(f"{base}/status")
+    out: dict[str, Any] = {
+        "tid": tid,
+        "run_ns": run_ns,
+        "wait_ns": wait_ns,
+        "slices": slices,
+        "involuntary": counts.get("nonvoluntary_ctxt_switches"),
+        # after comm, field 39 (processor) is at index 36
+        "cpu": int(got[1][36]) if got and len(got[1]) > 36 else None,
+        "migrations": None,
+    }
+    try:
+        with open(f"{base}/sched") as f:
+            for line in f:
+                if line.startswith("se.nr_migrations"):
+                    out["migrations"] = int(line.split(":")[1])
+    except (OSError, ValueError, IndexError):
+        pass  # sched is a debug file some kernels lack: migrations stay unknown
+    return out
+
+
+# cgroup v2 at the root of the container's namespace, then v1's cpu controller
+_CGROUP_STATS = (
+    ("/sys/fs/cgroup/cpu.stat", "throttled_usec", 1e-6),
+    ("/sys/fs/cgroup/cpu/cpu.stat", "throttled_time", 1e-9),
+    ("/sys/fs/cgroup/cpu,cpuacct/cpu.stat", "throttled_time", 1e-9),
+)
+
+
+def _cgroup_quota() -> float | None:
+    """The CPUs the cgroup's quota allows (quota over period); None without a quota."""
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass  # not cgroup v2: v1's two files below
+    for d in ("/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"):
+        try:
+            with open(f"{d}/cpu.cfs_quota_us") as q, open(f"{d}/cpu.cfs_period_us") as p:
+                quota, period = int(q.read()), int(p.read())
+        except (OSError, ValueError):
+            continue
+        return None if quota <= 0 else quota / period
+    return None
+
+
+def _cgroup_cpu() -> dict[str, Any] | None:
+    """The CPU controller's throttling counters of this process's cgroup (how often and how
+    long its quota stopped every thread in it) and its quota in CPUs; None where unreadable."""
+    for path, key, to_s in _CGROUP_STATS:
+        try:
+            with open(path) as f:
+                stat = dict(line.split()[:2] for line in f if len(line.split()) >= 2)
+            return {
+                "throttled_periods": int(stat.get("nr_throttled", 0)),
+                "throttled_s": int(stat.get(key, 0)) * to_s,
+                "quota_cpus": _cgroup_quota(),
+            }
+        except (OSError, ValueError):
+            continue
+    return None
+
+
 def snapshot() -> dict[str, Any] | None:
     """The 1, 5 and 15 minute load averages now and the CPUs this process may use, or None
     where the OS has none; on Linux also the CPU time read from /proc (``cpu``, private: it is
@@ -140,6 +236,9 @@ def snapshot() -> dict[str, Any] | None:
             "pid": os.getpid(),
             "procs": procs,
             "threads": _threads(),
+            # the thread taking the snapshot is the one timing the reps
+            "timing": _thread_sched(threading.get_native_id()),
+            "cgroup": _cgroup_cpu(),
         }
     return snap
 
@@ -211,7 +310,7 @@ def usage(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[s
             threads.append({"tid": tid, "name": name, "cpu_s": round(spent, 3), "main": tid == pid})
     threads.sort(key=lambda t: -t["cpu_s"])
     other_cpus = max(0.0, host_busy - own) / wall
-    return {
+    out = {
         "wall_s": round(wall, 3),
         "host_cpus": round(host_busy / wall, 3),
         "own_cpus": round(own / wall, 3),
@@ -220,6 +319,47 @@ def usage(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[s
         "other_processes": len(others),
         "top_others": others[:TOP],
         "own_threads_top": threads[:TOP],
+        "timing_thread": _timing_delta(a.get("timing"), b.get("timing"), wall),
+        "cgroup": _cgroup_delta(a.get("cgroup"), b.get("cgroup")),
+    }
+    return out
+
+
+def _timing_delta(
+    a: dict[str, Any] | None, b: dict[str, Any] | None, wall: float
+) -> dict[str, Any] | None:
+    """How the timing thread fared between two readings: ``cpu_s`` on a CPU,
+    ``runqueue_wait_s`` runnable but waiting for one (and its share of the wall time), its
+    ``involuntary_switches`` (preempted), ``migrations`` between CPUs where known, and the CPU
+    it ran on at each reading. None when either reading lacks it or they are of two threads."""
+    if not a or not b or a["tid"] != b["tid"]:
+        return None
+    wait_s = (b["wait_ns"] - a["wait_ns"]) / 1e9
+
+    def diff(key: str) -> int | None:
+        return None if a.get(key) is None or b.get(key) is None else b[key] - a[key]
+
+    return {
+        "tid": b["tid"],
+        "cpu_s": round((b["run_ns"] - a["run_ns"]) / 1e9, 4),
+        "runqueue_wait_s": round(wait_s, 4),
+        "runqueue_share": round(wait_s / wall, 4),
+        "timeslices": b["slices"] - a["slices"],
+        "involuntary_switches": diff("involuntary"),
+        "migrations": diff("migrations"),
+        "cpus": [a.get("cpu"), b.get("cpu")],
+    }
+
+
+def _cgroup_delta(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The cgroup's throttling between two readings: ``throttled_periods`` and
+    ``throttled_s`` (every thread of the cgroup stopped by its CPU quota), with the quota."""
+    if not a or not b:
+        return None
+    return {
+        "quota_cpus": b["quota_cpus"],
+        "throttled_periods": b["throttled_periods"] - a["throttled_periods"],
+        "throttled_s": round(b["throttled_s"] - a["throttled_s"], 4),
     }
 
 
@@ -240,17 +380,35 @@ def busy_note(
     """A note when the host was busy with other work during the timed reps.
 
     Measured (Linux): when other processes kept BUSY_OTHER_CPUS or more busy on average (named),
-    or the hypervisor took STEAL_CPUS or more for other guests.
+    the hypervisor took STEAL_CPUS or more for other guests, the timing thread waited for a CPU
+    RUNQUEUE_SHARE of the time or more, or the cgroup's CPU quota stopped its threads for
+    THROTTLED_SHARE of it or more.
     Else from the load averages: when threads other than this trial's ``own_threads`` kept more
     than BUSY_SHARE of the usable CPUs busy; the 1-minute average lags, so the larger of the two
     readings counts. ``during``: ``usage(before, after)`` where the caller has it already."""
     during = during or usage(before, after)
     if during is not None:
         busy, stolen = during["other_cpus"] >= BUSY_OTHER_CPUS, during["steal_cpus"] >= STEAL_CPUS
-        if not busy and not stolen:
+        timing = during.get("timing_thread") or {}
+        waited = timing.get("runqueue_share", 0.0) >= RUNQUEUE_SHARE
+        cgroup = during.get("cgroup") or {}
+        throttled = cgroup.get("throttled_s", 0.0) >= THROTTLED_SHARE * during["wall_s"]
+        if not (busy or stolen or waited or throttled):
             return None
         cpus = (after or before or {}).get("cpus", "?")
         what = []
+        if waited:
+            what.append(
+                f"the timing thread waited {timing['runqueue_wait_s']:.2f} s for a CPU while "
+                f"runnable ({timing['runqueue_share'] * 100:.0f}% of the reps)"
+            )
+        if throttled:
+            quota = cgroup.get("quota_cpus")
+            of = f" of {quota:g} CPUs" if quota else ""
+            what.append(
+                f"the cgroup's CPU quota{of} stopped its threads for {cgroup['throttled_s']:.2f} s "
+                f"({cgroup['throttled_periods']} periods)"
+            )
         if busy:
             what.append(
                 f"other processes kept {during['other_cpus']:.1f} of {cpus} usable CPUs busy "
