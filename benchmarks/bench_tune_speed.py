@@ -338,6 +338,7 @@ def reps_host(doc: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append(
             {
                 "id": t["id"],
+                "variant": t.get("variant"),
                 "steady_ms": steady.get("median"),
                 "cv": steady.get("cv"),
                 "other_cpus": during.get("other_cpus"),
@@ -686,9 +687,32 @@ def judge(parts: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "every_arm_measured": ran,
             "goal": ran and ratio <= GOAL_ARMS_OVER_LOOP,
         }
+    if loop and arms:
+        goals["arms_step_over_loop"] = step_over_loop(loop, arms)
     if arms and arms.get("aa"):
         goals["aa_holds_arms"] = aa_holds(arms["aa"]["median"], arms["aa"]["ci95"])
     return goals
+
+
+def step_over_loop(loop: dict[str, Any], arms: dict[str, Any]) -> dict[str, Any]:
+    """Each arm's steady step in the tune over the hand loop's (the instrument's check: on a
+    steady host both read the same step), with the share of the tune trial's timed reps its
+    timing thread spent waiting for a CPU (``runqueue_share``) beside it. The tune's first
+    trial of each arm (not the A/A repeat)."""
+    loop_ms = {
+        a["spec"]: (a["result"] or {}).get("median_ms") for a in loop.get("arms", []) if a["result"]
+    }
+    out: dict[str, Any] = {}
+    for row in arms.get("reps_host") or []:
+        spec = row.get("variant")
+        if spec in loop_ms and spec not in out and loop_ms[spec] and row.get("steady_ms"):
+            out[spec] = {
+                "ratio": row["steady_ms"] / loop_ms[spec],
+                "tune_ms": row["steady_ms"],
+                "loop_ms": loop_ms[spec],
+                "runqueue_share": (row.get("timing_thread") or {}).get("runqueue_share"),
+            }
+    return out
 
 
 def summarize(out: Path) -> dict[str, Any]:
@@ -754,6 +778,12 @@ def print_table(doc: dict[str, Any]) -> None:
             for a in loop["arms"]
         )
         print(f"{'loop':<16} {_f(loop['wall_s'], '.0f'):>7} {arms}")
+    steps = doc["goals"].get("arms_step_over_loop")
+    if steps:
+        print(
+            "tune step / loop step: "
+            + ", ".join(f"{spec} {r['ratio']:.3f}" for spec, r in steps.items())
+        )
     print("goals:", json.dumps(doc["goals"]))
     if doc["missing_parts"]:
         print("missing parts:", ", ".join(doc["missing_parts"]))

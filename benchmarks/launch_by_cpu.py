@@ -24,7 +24,6 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -102,15 +101,6 @@ def steal_by_cpu() -> dict[int, int]:
     return out
 
 
-def schedstat() -> tuple[int, int] | None:
-    try:
-        with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
-            run_ns, wait_ns = f.read().split()[:2]
-        return int(run_ns), int(wait_ns)
-    except (OSError, ValueError):
-        return None
-
-
 def time_here(one, cuda: bool, steps: int, reps: int, warm: int) -> dict[str, Any]:
     """`reps` medians of `steps` steps on the CPU the thread is on now, after `warm` steps."""
     sync = __import__("torch").cuda.synchronize if cuda else (lambda: None)
@@ -118,10 +108,10 @@ def time_here(one, cuda: bool, steps: int, reps: int, warm: int) -> dict[str, An
         one()
     sync()
     hz = os.sysconf("SC_CLK_TCK")
-    steal0, sched0, t0 = steal_by_cpu(), schedstat(), time.perf_counter()
+    steal0, sched0, t0 = steal_by_cpu(), plain_loop.sched_ns(), time.perf_counter()
     rep = plain_loop.time_rep if cuda else plain_loop.time_rep_cpu
     reps_ms = [rep(one, steps) for _ in range(reps)]
-    wall, steal1, sched1 = time.perf_counter() - t0, steal_by_cpu(), schedstat()
+    wall, steal1, sched1 = time.perf_counter() - t0, steal_by_cpu(), plain_loop.sched_ns()
     cpu = os.sched_getaffinity(0)
     here = min(cpu) if len(cpu) == 1 else None
     out: dict[str, Any] = {

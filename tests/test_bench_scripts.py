@@ -352,7 +352,7 @@ def test_tune_speed_sets_each_trials_reading_beside_what_else_ran_during_its_rep
     busy = {"pid": 7, "name": "cc1plus", "cpu_s": 3.0, "ours": False}
     doc = {
         "trials": [
-            {"id": "00-eager", "steady_ms": {"median": 29.0, "cv": 0.004},
+            {"id": "00-eager", "variant": "eager", "steady_ms": {"median": 29.0, "cv": 0.004},
              "host_load": {"during": {"other_cpus": 0.1, "own_cpus": 1.0, "top_others": [],
                                       "own_threads_top": []}}},
             {"id": "01-eager_bf16", "steady_ms": {"median": 14.3, "cv": 0.12},
@@ -366,11 +366,44 @@ def test_tune_speed_sets_each_trials_reading_beside_what_else_ran_during_its_rep
     }  # fmt: skip
     rows = {r["id"]: r for r in ts.reps_host(doc)}
     assert set(rows) == {"00-eager", "01-eager_bf16", "02-old"}
+    assert rows["00-eager"]["variant"] == "eager"
     assert rows["01-eager_bf16"]["other_cpus"] == 2.5
     assert rows["01-eager_bf16"]["busiest_other"] == busy
     assert rows["00-eager"]["busiest_other"] is None and rows["00-eager"]["cv"] == 0.004
     # A result from before the /proc reading: its numbers, nothing invented beside them.
     assert rows["02-old"]["other_cpus"] is None and rows["02-old"]["steady_ms"] == 3.0
+
+
+def test_tune_speed_sets_each_arms_tune_step_over_the_loops():
+    ts = _load("bench_tune_speed")
+    loop = {
+        "complete": True,
+        "wall_s": 165.0,
+        "arms": [
+            {"spec": "eager+bf16", "result": {"median_ms": 11.33}},
+            {"spec": "inductor+bf16", "result": {"median_ms": 3.31}},
+            {"spec": "inductor:mode=max-autotune+bf16", "result": None},  # its process failed
+        ],
+    }
+    arms = {
+        "wall_s": 121.0,
+        "reps_host": [
+            {"variant": "eager+bf16", "steady_ms": 17.0, "timing_thread": {"runqueue_share": 0.2}},
+            {"variant": "inductor+bf16", "steady_ms": 3.31, "timing_thread": None},
+            {"variant": "inductor+bf16", "steady_ms": 9.9},  # the A/A repeat: the first counts
+            {"variant": "inductor:mode=max-autotune+bf16", "steady_ms": 3.1},
+        ],
+    }
+    steps = ts.judge({"loop": loop, "arms:gpt2": arms})["arms_step_over_loop"]
+    assert set(steps) == {"eager+bf16", "inductor+bf16"}
+    assert steps["eager+bf16"]["ratio"] == 17.0 / 11.33
+    assert steps["eager+bf16"]["runqueue_share"] == 0.2
+    assert steps["inductor+bf16"] == {
+        "ratio": 1.0,
+        "tune_ms": 3.31,
+        "loop_ms": 3.31,
+        "runqueue_share": None,
+    }
 
 
 def test_tune_speed_pauses_part_accounts_each_trials_pauses_waits_and_reps():
@@ -476,3 +509,28 @@ def test_tune_speed_bounds_a_base_autotuned_candidate_by_its_compile_and_the_tim
     goals = ts.judge({"tune8:resnet50": t8, "alone-base:resnet50": alone})
     assert goals["resnet50"]["a_bound_base_cannot_fit"] is True
     assert "alone-base:resnet50" in ts.PARTS
+
+
+def test_launch_by_cpu_times_the_step_on_every_usable_cpu_and_restores_the_affinity(tmp_path):
+    pytest.importorskip("transformers")  # plain_loop's gpt2
+    lb = _load("launch_by_cpu")
+    started = os.sched_getaffinity(0)
+    out = tmp_path / "launch.json"
+    argv = ["--out", str(out), "--device", "cpu", "--preset", "tiny"]
+    assert lb.main([*argv, "--steps", "2", "--reps", "2", "--warm", "1"]) == 0
+    assert os.sched_getaffinity(0) == started
+    doc = json.loads(out.read_text())
+    cpus = sorted(started)
+    assert doc["cpus"] == cpus and doc["gpu"] is None
+    # two sweeps, the second backward, each CPU timed in each; the start's affinity before and
+    # after them
+    assert len(doc["sweeps"]) == 2 and len(doc["unpinned"]) == 2
+    assert list(doc["sweeps"][0]) == [str(c) for c in cpus]
+    assert list(doc["sweeps"][1]) == [str(c) for c in reversed(cpus)]
+    for sweep in doc["sweeps"]:
+        for r in sweep.values():
+            assert len(r["reps_ms"]) == 2 and r["median_ms"] > 0 and r["steal_share"] >= 0
+    by_cpu = doc["by_cpu"]
+    assert sorted(int(c) for c in by_cpu) == cpus
+    assert min(r["over_fastest"] for r in by_cpu.values()) == 1.0
+    assert all(r["core_id"] is not None for r in by_cpu.values())

@@ -401,6 +401,33 @@ def test_the_timing_threads_waits_for_a_cpu_and_a_cpu_quota_are_measured_and_not
     assert during["timing_thread"] is None and during["cgroup"] is None
 
 
+def test_a_step_varying_rep_to_rep_is_noted_saying_whether_the_host_was_quiet():
+    quiet = {
+        "wall_s": 4.0,
+        "other_cpus": 0.3,
+        "steal_cpus": 0.0,
+        "timing_thread": {"runqueue_share": 0.0004},
+        "cgroup": {"throttled_s": 0.0},
+    }
+    result = {
+        "steady_ms": {"median": 11.5, "cv": 0.10},
+        "baseline_ms": {"median": 29.3, "cv": 0.004},
+        "host_load": {"during": quiet},
+    }
+    (note,) = host_load.unsteady_notes(result)
+    assert note.startswith("the variant's step varied 10% rep to rep (coefficient of variation)")
+    assert "no other process busy and the timing thread on its CPU throughout" in note
+    # A busy host: the busy note names the neighbour; this one does not call the host quiet.
+    result["host_load"]["during"] = {**quiet, "other_cpus": 2.0}
+    result["baseline_ms"]["cv"] = 0.06
+    notes = host_load.unsteady_notes(result)
+    assert [n.split("'")[0] for n in notes] == ["the variant", "the baseline"]
+    assert not any("throughout" in n for n in notes)
+    # Steady arms, or a result without timings: no note.
+    assert host_load.unsteady_notes({"steady_ms": {"cv": 0.049}, "baseline_ms": {"cv": 0}}) == []
+    assert host_load.unsteady_notes({}) == []
+
+
 def test_a_timing_thread_sharing_its_cpu_with_a_spinning_process_is_seen_waiting():
     if host_load._thread_sched(threading.get_native_id()) is None:
         pytest.skip("this kernel has no per-thread schedstat")

@@ -8,12 +8,13 @@ GPU-bound steps stayed within 1%. A trial cannot make the host quiet, but it can
 Two readings around the timed reps: the load averages (every OS kiln runs on has them, but the
 1-minute average lags: right after a neighbour's compile ends it still reads high), and on
 Linux the CPU time itself, from /proc: the host's busy CPU time, this process's and each
-thread's, and every other process's. Their differences say how many CPUs other processes kept
-busy during the reps and which ones. In the five-arm GPT-2 tune on an H100 (kiln 2d64c4c,
-`tune_speed/h100/arms-gpt2-results.json`), the launch-bound arms read slower than in the plain
-loop on the same machine (`part-loop.json`: eager bf16 14.3 ms against 11.7, default-mode bf16
-5.1 against 3.7) while every other trial waited for its turn or paused its compile, and the
-load average could not say whether anything ran.
+thread's, every other process's, the scheduler's account of the thread that times the reps
+(seconds waiting for a CPU while runnable, preemptions, migrations) and the cgroup's CPU-quota
+stops. Their differences say how many CPUs other processes kept busy during the reps, which
+ones, and whether the timing thread had its CPU. On H100 hosts a launch-bound GPT-2 step read
+22% slower in a tune than in a plain loop on one host and 35% faster on another, with the load
+average unable to say why; these readings then showed every timing thread alone on its CPU
+(docs/decisions.md, "Launch-bound steps").
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ RUNQUEUE_SHARE = 0.05
 # A CPU quota stops every thread of its cgroup for the rest of a period (100 ms by default) once
 # spent: 1% of the reps so stopped is noted.
 THROTTLED_SHARE = 0.01
+# A step's rep-to-rep variation (coefficient of variation) that is noted. On a steady H100 host
+# GPT-2 small's five arms, launch-bound and GPU-bound, read under 0.3% in a tune; on an unsteady
+# one its launch-bound arms read 10-12% with every reading quiet (kiln ae506ed and 890fefb,
+# docs/decisions.md "Launch-bound steps").
+UNSTEADY_CV = 0.05
 # How many of the busiest other processes, and of this process's threads, are named.
 TOP = 5
 # Reading a process's stat costs about 20 us in Python (84 processes in 1.8 ms on a 2-core CPU
@@ -371,6 +377,43 @@ def _named(during: dict[str, Any]) -> str:
     return "; ".join(names) if names else "processes that ended before the reps did"
 
 
+def _busy(during: dict[str, Any]) -> tuple[bool, bool, bool, bool]:
+    """Which lines a reading passed: other processes, hypervisor steal, the timing thread's
+    waits for a CPU, the cgroup's quota."""
+    timing = during.get("timing_thread") or {}
+    cgroup = during.get("cgroup") or {}
+    return (
+        during["other_cpus"] >= BUSY_OTHER_CPUS,
+        during["steal_cpus"] >= STEAL_CPUS,
+        timing.get("runqueue_share", 0.0) >= RUNQUEUE_SHARE,
+        cgroup.get("throttled_s", 0.0) >= THROTTLED_SHARE * during["wall_s"],
+    )
+
+
+def unsteady_notes(result: dict[str, Any]) -> list[str]:
+    """A note for each arm whose step varied UNSTEADY_CV or more rep to rep, saying whether the
+    host's reading (``host_load.during``) was quiet meanwhile: then the variation is the host's
+    own speed moving, not a neighbour."""
+    during = (result.get("host_load") or {}).get("during")
+    quiet = during is not None and not any(_busy(during))
+    notes = []
+    for arm, key in (("variant", "steady_ms"), ("baseline", "baseline_ms")):
+        cv = (result.get(key) or {}).get("cv") or 0.0
+        if cv < UNSTEADY_CV:
+            continue
+        why = (
+            ", with no other process busy and the timing thread on its CPU throughout"
+            if quiet
+            else ""
+        )
+        notes.append(
+            f"the {arm}'s step varied {cv * 100:.0f}% rep to rep (coefficient of variation){why}: "
+            "a host-bound step on a host whose speed moves; the speedup's interval carries it, "
+            "but another process may read the step at another level"
+        )
+    return notes
+
+
 def busy_note(
     before: dict[str, Any] | None,
     after: dict[str, Any] | None,
@@ -388,11 +431,8 @@ def busy_note(
     readings counts. ``during``: ``usage(before, after)`` where the caller has it already."""
     during = during or usage(before, after)
     if during is not None:
-        busy, stolen = during["other_cpus"] >= BUSY_OTHER_CPUS, during["steal_cpus"] >= STEAL_CPUS
-        timing = during.get("timing_thread") or {}
-        waited = timing.get("runqueue_share", 0.0) >= RUNQUEUE_SHARE
-        cgroup = during.get("cgroup") or {}
-        throttled = cgroup.get("throttled_s", 0.0) >= THROTTLED_SHARE * during["wall_s"]
+        busy, stolen, waited, throttled = _busy(during)
+        timing, cgroup = during.get("timing_thread") or {}, during.get("cgroup") or {}
         if not (busy or stolen or waited or throttled):
             return None
         cpus = (after or before or {}).get("cpus", "?")

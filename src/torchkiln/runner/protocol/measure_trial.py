@@ -349,6 +349,7 @@ def measure_trial(
         result["compile_pool"] = compile_pool.start_lowered(nice)
     measure = measure_replicated if spec.replicas > 1 else measure_single
     arm, first_outputs, bases = measure(spec, variant, baseline, timer, result, phases)
+    result["notes"].extend(host_load.unsteady_notes(result))
     facts = model_facts(arm.workload) if variant.backend.name == "eager" else None
     if facts is not None:
         # Read here, from the build the trial made anyway, for the tune's plan.
