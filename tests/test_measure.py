@@ -415,14 +415,15 @@ def test_a_step_varying_rep_to_rep_is_noted_saying_whether_the_host_was_quiet():
         "host_load": {"during": quiet},
     }
     (note,) = host_load.unsteady_notes(result)
-    assert note.startswith("the variant's step varied 10% rep to rep (coefficient of variation)")
-    assert "no other process busy and the timing thread on its CPU throughout" in note
+    assert note.startswith(
+        "the step varied rep to rep (coefficient of variation: variant 10%), with no other "
+        "process busy and the timing thread on its CPU throughout: a host-bound step"
+    )
     # A busy host: the busy note names the neighbour; this one does not call the host quiet.
     result["host_load"]["during"] = {**quiet, "other_cpus": 2.0}
     result["baseline_ms"]["cv"] = 0.06
-    notes = host_load.unsteady_notes(result)
-    assert [n.split("'")[0] for n in notes] == ["the variant", "the baseline"]
-    assert not any("throughout" in n for n in notes)
+    (note,) = host_load.unsteady_notes(result)
+    assert "(coefficient of variation: variant 10%, baseline 6%): a host-bound" in note
     # Steady arms, or a result without timings: no note.
     assert host_load.unsteady_notes({"steady_ms": {"cv": 0.049}, "baseline_ms": {"cv": 0}}) == []
     assert host_load.unsteady_notes({}) == []

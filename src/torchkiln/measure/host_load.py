@@ -391,27 +391,26 @@ def _busy(during: dict[str, Any]) -> tuple[bool, bool, bool, bool]:
 
 
 def unsteady_notes(result: dict[str, Any]) -> list[str]:
-    """A note for each arm whose step varied UNSTEADY_CV or more rep to rep, saying whether the
-    host's reading (``host_load.during``) was quiet meanwhile: then the variation is the host's
-    own speed moving, not a neighbour."""
+    """One note when an arm's step varied UNSTEADY_CV or more rep to rep, naming each such arm
+    and saying whether the host's reading (``host_load.during``) was quiet meanwhile: then the
+    variation is the host's own speed moving, not a neighbour."""
     during = (result.get("host_load") or {}).get("during")
     quiet = during is not None and not any(_busy(during))
-    notes = []
+    varied = []
     for arm, key in (("variant", "steady_ms"), ("baseline", "baseline_ms")):
         cv = (result.get(key) or {}).get("cv") or 0.0
-        if cv < UNSTEADY_CV:
-            continue
-        why = (
-            ", with no other process busy and the timing thread on its CPU throughout"
-            if quiet
-            else ""
-        )
-        notes.append(
-            f"the {arm}'s step varied {cv * 100:.0f}% rep to rep (coefficient of variation){why}: "
-            "a host-bound step on a host whose speed moves; the speedup's interval carries it, "
-            "but another process may read the step at another level"
-        )
-    return notes
+        if cv >= UNSTEADY_CV:
+            varied.append(f"{arm} {cv * 100:.0f}%")
+    if not varied:
+        return []
+    why = (
+        ", with no other process busy and the timing thread on its CPU throughout" if quiet else ""
+    )
+    return [
+        f"the step varied rep to rep (coefficient of variation: {', '.join(varied)}){why}: "
+        "a host-bound step on a host whose speed moves; the speedup's interval carries it, but "
+        "another process may read the step at another level"
+    ]
 
 
 def busy_note(
