@@ -9,7 +9,8 @@ code in the timed path), pins its thread to each usable CPU in turn and times it
 `--sweeps` sweeps (forward, then backward: a CPU slow in both is slow by where it is, one slow
 in one sweep was slowed for a while), with the machine's CPU topology, the GPU's local CPUs and
 each CPU's hypervisor steal during its turn. `unpinned` is the step timed with the affinity the
-process started with, before and after the sweeps.
+process started with, before and after the sweeps; `--processes N` then times it in N fresh
+processes one after another, each with the CPU its thread ran on.
 
     PYTHONPATH=src python3 benchmarks/launch_by_cpu.py --out benchmarks/results/launch/h100.json
     PYTHONPATH=src python3 benchmarks/launch_by_cpu.py --device cpu --preset tiny --out /tmp/l.json
@@ -126,6 +127,34 @@ def time_here(one, cuda: bool, steps: int, reps: int, warm: int) -> dict[str, An
     return out
 
 
+def fresh_processes(args: argparse.Namespace, out: Path, doc: dict[str, Any]) -> list[dict]:
+    """The step in `args.processes` fresh plain_loop.py processes, unpinned, one after another:
+    each one's median, its reps and the CPU its thread ended on (None for a process that
+    failed, with its exit code)."""
+    runs = []
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "plain_loop.py")]
+    cmd += [args.workload, args.step, args.precision, args.mode, args.device, args.preset]
+    for i in range(args.processes):
+        t0 = time.time()
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
+        got = json.loads(lines[-1]) if proc.returncode == 0 and lines else None
+        runs.append(
+            {
+                "started": t0,
+                "rc": proc.returncode,
+                "median_ms": got and got["median_ms"],
+                "reps_ms": got and got["reps_ms"],
+                "cpu": got and (got.get("timing_thread") or {}).get("cpu"),
+                "stderr_tail": None if got else proc.stderr[-400:],
+            }
+        )
+        print(f"process {i}: {runs[-1]['median_ms']} ms on cpu {runs[-1]['cpu']}", flush=True)
+        doc["processes"] = runs
+        out.write_text(json.dumps(doc, indent=2, default=str))
+    return runs
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="the result file (JSON)")
@@ -139,6 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=20, help="steps per rep")
     ap.add_argument("--reps", type=int, default=3, help="reps on each CPU")
     ap.add_argument("--warm", type=int, default=5, help="steps on a CPU before its reps")
+    ap.add_argument(
+        "--processes",
+        type=int,
+        default=0,
+        help="then time the step unpinned in this many fresh processes (plain_loop.py), one "
+        "after another: whether a level a process reads follows its CPU or the minute",
+    )
     args = ap.parse_args(argv)
     cuda = args.device.startswith("cuda")
     if cuda:
@@ -192,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         unpinned()
     finally:
         os.sched_setaffinity(0, started)
+    if args.processes:
+        doc["processes"] = fresh_processes(args, out, doc)
     medians = {c: statistics.median(s[c]["median_ms"] for s in doc["sweeps"]) for c in cpus}
     fastest = min(medians.values())
     doc["by_cpu"] = {
@@ -201,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(doc, indent=2, default=str))
     print(f"gpu: {doc['gpu']}")
     print(f"unpinned: {[round(u['median_ms'], 3) for u in doc['unpinned']]} ms")
+    for i, r in enumerate(doc.get("processes") or []):
+        print(f"fresh process {i}: {r['median_ms']} ms, thread on cpu {r['cpu']} (rc {r['rc']})")
     print("cpu  node core  sweeps (ms)           over fastest")
     for c in cpus:
         row = doc["by_cpu"][c]

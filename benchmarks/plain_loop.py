@@ -162,6 +162,15 @@ def sched_ns() -> tuple[int, int] | None:
         return None
 
 
+def current_cpu() -> int | None:
+    """The CPU this thread last ran on (/proc's stat, field 39); None off Linux."""
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[36])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def main(
     workload: str, step: str, precision: str, mode: str, device: str = "cuda", preset: str = "full"
 ) -> dict:
@@ -184,6 +193,7 @@ def main(
             "wall_s": wall,
             "cpu_s": (after[0] - sched[0]) / 1e9,
             "runqueue_wait_s": (after[1] - sched[1]) / 1e9,
+            "cpu": current_cpu(),
         }
     return {
         "workload": workload,

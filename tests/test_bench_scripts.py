@@ -517,7 +517,7 @@ def test_launch_by_cpu_times_the_step_on_every_usable_cpu_and_restores_the_affin
     started = os.sched_getaffinity(0)
     out = tmp_path / "launch.json"
     argv = ["--out", str(out), "--device", "cpu", "--preset", "tiny"]
-    assert lb.main([*argv, "--steps", "2", "--reps", "2", "--warm", "1"]) == 0
+    assert lb.main([*argv, "--steps", "2", "--reps", "2", "--warm", "1", "--processes", "2"]) == 0
     assert os.sched_getaffinity(0) == started
     doc = json.loads(out.read_text())
     cpus = sorted(started)
@@ -534,3 +534,7 @@ def test_launch_by_cpu_times_the_step_on_every_usable_cpu_and_restores_the_affin
     assert sorted(int(c) for c in by_cpu) == cpus
     assert min(r["over_fastest"] for r in by_cpu.values()) == 1.0
     assert all(r["core_id"] is not None for r in by_cpu.values())
+    # Two fresh processes, unpinned: each one's step and the CPU its thread ran on.
+    runs = doc["processes"]
+    assert [r["rc"] for r in runs] == [0, 0]
+    assert all(r["median_ms"] > 0 and len(r["reps_ms"]) == 5 and r["cpu"] in cpus for r in runs)
