@@ -12,7 +12,8 @@ each CPU's hypervisor steal during its turn. `unpinned` is the step timed with t
 process started with, before and after the sweeps; `--processes N` then times it in N fresh
 processes one after another, each with the CPU its thread ran on.
 
-    PYTHONPATH=src python3 benchmarks/launch_by_cpu.py --out benchmarks/results/launch/h100.json
+    PYTHONPATH=src python3 benchmarks/launch_by_cpu.py \\
+        --out benchmarks/results/launch/h100/launch-eager.json
     PYTHONPATH=src python3 benchmarks/launch_by_cpu.py --device cpu --preset tiny --out /tmp/l.json
 """
 
@@ -28,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -104,7 +107,7 @@ def steal_by_cpu() -> dict[int, int]:
 
 def time_here(one, cuda: bool, steps: int, reps: int, warm: int) -> dict[str, Any]:
     """`reps` medians of `steps` steps on the CPU the thread is on now, after `warm` steps."""
-    sync = __import__("torch").cuda.synchronize if cuda else (lambda: None)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     for _ in range(warm):
         one()
     sync()
@@ -177,12 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     cuda = args.device.startswith("cuda")
-    if cuda:
-        import torch
-
-        if not torch.cuda.is_available():
-            print("launch_by_cpu: no CUDA GPU here (--device cpu for the CPU check)")
-            return 2
+    if cuda and not torch.cuda.is_available():
+        print("launch_by_cpu: no CUDA GPU here (--device cpu for the CPU check)")
+        return 2
     started = os.sched_getaffinity(0)
     cpus = sorted(started)
     one = plain_loop.make_step(

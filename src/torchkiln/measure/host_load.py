@@ -135,17 +135,17 @@ def _threads() -> dict[int, list[Any]]:
     return out
 
 
-def _status_counts(path: str) -> dict[str, int]:
-    counts: dict[str, int] = {}
+def _involuntary_switches(path: str) -> int | None:
+    """A /proc status file's nonvoluntary_ctxt_switches; None where the kernel has no such line."""
     try:
         with open(path) as f:
             for line in f:
                 key, _, value = line.partition(":")
-                if key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
-                    counts[key] = int(value)
+                if key == "nonvoluntary_ctxt_switches":
+                    return int(value)
     except (OSError, ValueError):
-        pass  # a kernel without these lines: the reading goes without them
-    return counts
+        return None
+    return None
 
 
 def _thread_sched(tid: int) -> dict[str, Any] | None:
@@ -160,13 +160,12 @@ def _thread_sched(tid: int) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     got = _stat_fields(f"{base}/stat")
-    counts = _status_counts(f"{base}/status")
     out: dict[str, Any] = {
         "tid": tid,
         "run_ns": run_ns,
         "wait_ns": wait_ns,
         "slices": slices,
-        "involuntary": counts.get("nonvoluntary_ctxt_switches"),
+        "involuntary": _involuntary_switches(f"{base}/status"),
         # after comm, field 39 (processor) is at index 36
         "cpu": int(got[1][36]) if got and len(got[1]) > 36 else None,
         "migrations": None,
@@ -316,7 +315,7 @@ def usage(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[s
             threads.append({"tid": tid, "name": name, "cpu_s": round(spent, 3), "main": tid == pid})
     threads.sort(key=lambda t: -t["cpu_s"])
     other_cpus = max(0.0, host_busy - own) / wall
-    out = {
+    return {
         "wall_s": round(wall, 3),
         "host_cpus": round(host_busy / wall, 3),
         "own_cpus": round(own / wall, 3),
@@ -328,7 +327,6 @@ def usage(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[s
         "timing_thread": _timing_delta(a.get("timing"), b.get("timing"), wall),
         "cgroup": _cgroup_delta(a.get("cgroup"), b.get("cgroup")),
     }
-    return out
 
 
 def _timing_delta(
