@@ -100,6 +100,10 @@ def test_steady_items_split_by_whether_their_shape_was_seen_before():
     # the two parts are the steady seconds, split
     steady_s = r["steady_time_per_item_s"] * (r["items"] - r["warmup_items"])
     assert r["steady_first_seen_s"] + r["steady_seen_s"] == pytest.approx(steady_s)
+    # and eager's seconds on the same items, split alike
+    eager_s = r["eager_steady_time_per_item_s"] * (r["items"] - r["warmup_items"])
+    assert r["steady_first_seen_eager_s"] + r["steady_seen_eager_s"] == pytest.approx(eager_s)
+    assert r["steady_first_seen_eager_s"] > 0 and r["steady_seen_eager_s"] > 0
     # one static graph per new shape, each compiled after warm-up
     assert r["steady_compiles"] == 3
     assert r["compiles"] == 5
@@ -218,3 +222,27 @@ def test_gpt2_default_stream_varies_the_sequence_at_the_preset_batch():
         out = w.model(**s.items[0])
     assert out.logits.shape == (2, seqs[0], w.model.config.vocab_size)
     assert getattr(out, "past_key_values", None) is None
+
+
+def test_bench_table_aligns_long_variants_and_counts_warm_up_compiles_apart(capsys):
+    from torchkiln.cli_stream import _render
+
+    row = {"status": "ok", "time_per_item_s": 0.2, "steady_time_per_item_s": 0.1, "p99_s": 0.3,
+           "speedup": 1.0, "steady_speedup": 1.1, "compiles": 0, "eager_fallbacks": 0}  # fmt: skip
+    long = "inductor:dynamic=false+bucket=pow2"
+    doc = {"workload": "w", "items": 10, "device": "cpu", "step": "infer", "trials": [
+        {**row, "variant": "eager"},
+        {**row, "variant": long, "warmup_compiles": 6},
+        {"variant": "inductor", "status": "timeout", "error": "past its cap"},
+    ]}  # fmt: skip
+    _render(doc)
+    lines = capsys.readouterr().out.splitlines()
+    head, eager, bucketed, stopped = lines[1:5]
+    # every column (right-aligned) ends where its header does, whatever the variant's length
+    end = head.index("status") + len("status")
+    assert eager.index(" ok ") + 3 == bucketed.index(" ok ") + 3 == end
+    assert stopped.index("timeout") + len("timeout") == end
+    assert head.endswith("fallbacks") and len(head) == len(eager) == len(bucketed)
+    # the bucketed candidate's 6 warm-up compiles are shown apart from the replay's 0
+    assert bucketed.split()[-2] == "6+0" and eager.split()[-2] == "0"
+    assert lines[5].startswith("compiles W+R:")

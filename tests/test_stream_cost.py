@@ -109,3 +109,28 @@ def test_unseen_shapes_after_warm_up_dominate_the_steady_state():
     assert stream_verdicts({**m, "steady_first_seen_s": 2.7}) == []
     assert stream_verdicts({**m, "steady_first_seen_s": None}) == []
     assert stream_verdicts({**m, "steady_first_seen_items": 0, "steady_first_seen_s": 0.0}) == []
+
+
+def test_unseen_shapes_are_read_against_eager_on_the_same_items():
+    # the same split with eager's seconds on each part: the new shapes took 3.44x eager's
+    # seconds on them, the seen ones 0.69x, so 5.11 s of the 6.39 are beyond the seen pace
+    m = {"steady_first_seen_items": 124, "steady_first_seen_s": 6.39,
+         "steady_seen_items": 1476, "steady_seen_s": 8.12, "steady_compiles": 0,
+         "steady_first_seen_eager_s": 1.86, "steady_seen_eager_s": 11.8}  # fmt: skip
+    assert stream_verdicts(m) == [
+        "unseen shapes dominate the steady state: 124 items of shapes new after warm-up took "
+        "6.39 s, 44% of the steady seconds (51.5 ms an item against 5.5 ms for shapes seen before; "
+        "3.44x eager's seconds on the same items against 0.69x on seen shapes, 5.11 s beyond that "
+        "pace; nothing compiled after warm-up: kernels specialised or autotuned per size)"
+    ]
+    # new shapes that are merely larger: eager took as long on them, at the seen items' pace
+    # (eager against itself on a 20-item stream, 15 of 16 steady items new), no verdict
+    big = {"steady_first_seen_items": 15, "steady_first_seen_s": 3.49, "steady_seen_items": 1,
+           "steady_seen_s": 0.138, "steady_compiles": 0, "steady_first_seen_eager_s": 3.47,
+           "steady_seen_eager_s": 0.139}  # fmt: skip
+    assert stream_verdicts(big) == []
+    # beyond the pace by a quarter of the steady seconds or less: none
+    assert stream_verdicts({**m, "steady_first_seen_eager_s": 6.0}) == []
+    # with the split but no seen shape after warm-up there is no pace to read against
+    assert stream_verdicts({**m, "steady_seen_items": 0, "steady_seen_s": 0.0,
+                            "steady_seen_eager_s": 0.0}) == []  # fmt: skip

@@ -164,7 +164,6 @@ def _render(doc: dict[str, Any]) -> None:
     what = "training steps" if doc.get("step") == "train" else "items"
     print(f"{doc['workload']} on a stream of {doc['items']} {what} ({doc['device']})")
     head = (
-        "variant",
         "status",
         "ms/item",
         "steady",
@@ -174,23 +173,32 @@ def _render(doc: dict[str, Any]) -> None:
         "compiles",
         "fallbacks",
     )
-    print("  ".join(f"{h:>10}" for h in head))
+    # the variant column as wide as its longest name: a bucketed spec runs past 30 characters
+    width = max([len("variant")] + [len(t["variant"]) for t in doc["trials"]])
+    print(f"{'variant':<{width}}  " + "  ".join(f"{h:>10}" for h in head))
+    warm = False
     for t in doc["trials"]:
         if t.get("status") not in ("ok", "incorrect"):
-            print(f"{t['variant']:>10}  {t['status']:>10}  {t.get('error', '')}")
+            print(f"{t['variant']:<{width}}  {t['status']:>10}  {t.get('error', '')}")
             continue
+        compiles = str(t["compiles"])
+        if t.get("warmup_compiles"):
+            # a bucketed candidate compiles its buckets before the replay: counted apart
+            compiles = f"{t['warmup_compiles']}+{compiles}"
+            warm = True
         row = (
-            t["variant"],
             t["status"],
             f"{t['time_per_item_s'] * 1e3:.3f}",
             f"{t['steady_time_per_item_s'] * 1e3:.3f}",
             f"{t['p99_s'] * 1e3:.3f}",
             f"{t['speedup']:.2f}x",
             f"{t['steady_speedup']:.2f}x",
-            str(t["compiles"]),
+            compiles,
             str(t["eager_fallbacks"]),
         )
-        print("  ".join(f"{c:>10}" for c in row))
+        print(f"{t['variant']:<{width}}  " + "  ".join(f"{c:>10}" for c in row))
+    if warm:
+        print("compiles W+R: W in a bucketed candidate's warm-up, before the replay; R during it")
     for t in doc["trials"]:
         for v in t.get("verdicts") or []:  # diagnose.stream_cost: what dominated the stream
             print(f"{t['variant']}: {v}")

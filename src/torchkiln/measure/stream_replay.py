@@ -144,6 +144,10 @@ def replay(
         "steady_first_seen_s": float(c[k:][new].sum()),
         "steady_seen_items": int((~new).sum()),
         "steady_seen_s": float(c[k:][~new].sum()),
+        # eager on the same two parts: new shapes are often the stream's rarer, larger sizes, so
+        # their seconds are read against eager's on them (diagnose.stream_cost)
+        "steady_first_seen_eager_s": float(e[k:][new].sum()),
+        "steady_seen_eager_s": float(e[k:][~new].sum()),
         "steady_compiles": steady["compiles"],
         "steady_compile_time_s": steady["compile_time_s"],
         "steady_cudagraph_recordings": steady["cudagraph_recordings"],
