@@ -176,3 +176,22 @@ def test_unknown_workload_or_variant_is_a_user_error() -> None:
         explain("no-such-workload", timeout=120)
     with pytest.raises(KilnUserError, match="choose from"):
         explain(CLEAN, variant="inductor:mode=fastest", timeout=120)
+
+
+def test_size_guards_name_the_callers_input_and_dim_in_the_fix():
+    from torchkiln.diagnose.recompiles import _fix_for, guards_summary
+
+    # a keyword input (a Hugging Face model's): its name holds quotes of its own
+    guard = "tensor 'kwargs['input_ids']' size mismatch at index 1. expected 71, actual 58"
+    fix = _fix_for(guard)
+    assert "Mark dim 1 of `input_ids` dynamic" in fix
+    assert "`torch._dynamo.mark_dynamic(input_ids, 1)`" in fix
+    assert "`torch._dynamo.mark_dynamic(x, 0)`" in _fix_for(
+        "tensor 'L['x']' size mismatch at index 0. expected 2, actual 3"
+    )
+    # a source that is no name a caller holds: no call written out, the source named
+    fix = _fix_for("tensor 'L['self'].buf' size mismatch at index 0. expected 2, actual 3")
+    assert "of `L['self'].buf`" in fix and "mark_dynamic(" not in fix
+    rec = {"function": "forward", "reason": guard, "fell_back_to_eager": False}
+    (g,) = guards_summary([rec, {**rec, "reason": guard.replace("58", "60")}])
+    assert (g["input"], g["dim"], g["count"]) == ("input_ids", 1, 2)

@@ -9,8 +9,11 @@ from typing import Any
 _GUARD = re.compile(r"^\s*(?P<cid>\[?\d+/\d+\]?):\s*(?P<text>.*)$", re.S)
 _LIMIT = re.compile(r"hit config\.(?P<name>\w+) \((?P<value>\d+)\)")
 _FUNCTION = re.compile(r"function: '(?P<func>[^']+)' \((?P<loc>[^)]+)\)")
-# "tensor 'x' size mismatch at index 1. expected 5, actual 9": the input and dim that changed
-_SIZE = re.compile(r"tensor '(?P<input>[^']+)' size mismatch at index (?P<dim>\d+)")
+# "tensor 'x' size mismatch at index 1. expected 5, actual 9": the input and dim that changed.
+# The input's name may hold quotes of its own: "tensor 'kwargs['input_ids']' size mismatch".
+_SIZE = re.compile(r"tensor '(?P<input>.+?)' size mismatch at index (?P<dim>\d+)")
+# the name a user's code has for it: the last subscript of L['x'] or kwargs['input_ids']
+_NAME = re.compile(r"\[['\"](?P<name>[^'\"]+)['\"]\]$")
 _VALUES = re.compile(r"\.?\s*expected \S+, actual \S+")
 
 _GUARD_FIXES = (
@@ -47,7 +50,24 @@ _GUARD_FIXES = (
 )
 
 
+def input_name(guarded: str) -> str:
+    """``input_ids`` for Dynamo's ``kwargs['input_ids']``, ``x`` for ``L['x']``; the guarded
+    source as it is where it has no such subscript (an attribute, say)."""
+    m = _NAME.search(guarded)
+    return m.group("name") if m else guarded
+
+
 def _fix_for(guard: str) -> str:
+    size = _SIZE.search(guard)
+    if size:
+        name, dim = input_name(size.group("input")), size.group("dim")
+        call = f"torch._dynamo.mark_dynamic({name}, {dim})" if name.isidentifier() else None
+        how = f" (`{call}`)" if call else ""
+        return (
+            f"Mark dim {dim} of `{name}` dynamic before the first call{how} or compile with "
+            "`dynamic=True`; to keep static kernels, pad inputs to a few fixed sizes (kiln "
+            "serve's bucketing does this)."
+        )
     lowered = guard.lower()
     for needle, fix in _GUARD_FIXES:
         if needle.lower() in lowered:
@@ -126,8 +146,9 @@ def summarize(
 
 def guards_summary(recompilations: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The recompilations grouped by the guard that failed, its sizes left out (one entry for
-    every "size mismatch at index 1"): ``function``, ``guard``, the ``input`` and ``dim`` of a
-    size guard (else null), ``count`` and the ``fell_back_to_eager`` among them. Most first."""
+    every "size mismatch at index 1"): ``function``, ``guard``, the ``input`` (its name in the
+    user's call: ``input_ids`` for ``kwargs['input_ids']``) and ``dim`` of a size guard (else
+    null), ``count`` and the ``fell_back_to_eager`` among them. Most first."""
     groups: dict[tuple[str, str], dict[str, Any]] = {}
     for r in recompilations:
         guard = _VALUES.sub("", r["reason"]).strip()
@@ -137,7 +158,7 @@ def guards_summary(recompilations: list[dict[str, Any]]) -> list[dict[str, Any]]
             {
                 "function": r["function"],
                 "guard": guard,
-                "input": m.group("input") if m else None,
+                "input": input_name(m.group("input")) if m else None,
                 "dim": int(m.group("dim")) if m else None,
                 "count": 0,
                 "fell_back_to_eager": 0,
