@@ -31,7 +31,9 @@ def _marked_lines(path: Path) -> list[tuple[int, str]]:
 
 @pytest.fixture(scope="module")
 def four_breaks() -> dict:
-    return explain(FOUR, recompiles=False, timeout=300)
+    # on the CPU wherever it runs: the fixture hands its tensor to numpy, as CPU code does (on
+    # a GPU machine explain's default device is the GPU, where .numpy() raises)
+    return explain(FOUR, recompiles=False, timeout=300, device="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -136,8 +138,9 @@ def test_cli_fullgraph_check_json_and_trace(tmp_path: Path, capsys: pytest.Captu
     out = tmp_path / "explain.json"
     trace = tmp_path / "trace"
     args = parser.parse_args(
-        [FOUR, "--no-recompiles", "--fullgraph-check", "--json", str(out), "--trace", str(trace)]
-    )
+        [FOUR, "--no-recompiles", "--fullgraph-check", "--json", str(out), "--trace", str(trace),
+         "--device", "cpu"]
+    )  # fmt: skip
     assert explain_cmd.run(args) == 1  # four breaks: the CI check fails
     text = capsys.readouterr().out
     assert 'print("halfway")' in text and "fix:" in text and "fullgraph check: FAIL" in text
